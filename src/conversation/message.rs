@@ -1,0 +1,172 @@
+//! One chat message with the fields the pipeline reads typed and everything else kept as JSON.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+/// A message role. Unknown roles are kept verbatim so the proxy never rejects what the
+/// provider might accept.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+    Other(String),
+}
+
+impl Role {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Function => "function",
+            Role::Other(s) => s,
+        }
+    }
+
+    /// System and developer messages carry instructions and are always kept.
+    pub fn is_instruction(&self) -> bool {
+        matches!(self, Role::System | Role::Developer)
+    }
+}
+
+impl From<&str> for Role {
+    fn from(s: &str) -> Self {
+        match s {
+            "system" => Role::System,
+            "developer" => Role::Developer,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
+            "function" => Role::Function,
+            other => Role::Other(other.to_string()),
+        }
+    }
+}
+
+impl Serialize for Role {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(Role::from(s.as_str()))
+    }
+}
+
+/// Deserialises a present field (even `null`) as `Some`, so that `"content": null` and an
+/// absent `content` stay distinct and are re-emitted as received.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// A chat message. `content` is `None` when absent and `Some(Value::Null)` when sent as null.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `None` when absent; `Some(None)` when sent as `null`.
+    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Option<Vec<ToolCall>>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One tool call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub function: FunctionCall,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The function named by a tool call and its JSON-encoded arguments.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub arguments: String,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Message {
+    /// A message with just a role and a string content.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: Some(Value::String(text.into())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// The tool calls of this message; empty when it has none.
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        match &self.tool_calls {
+            Some(Some(calls)) => calls,
+            _ => &[],
+        }
+    }
+
+    /// Mutable access to the tool calls, if the message has a `tool_calls` array.
+    pub fn tool_calls_mut(&mut self) -> Option<&mut Vec<ToolCall>> {
+        match &mut self.tool_calls {
+            Some(Some(calls)) => Some(calls),
+            _ => None,
+        }
+    }
+
+    /// True for an assistant message that calls at least one tool.
+    pub fn has_tool_calls(&self) -> bool {
+        !self.tool_calls().is_empty()
+    }
+
+    /// The text of `content`: the string itself, or the `text` of every text part joined.
+    pub fn text_content(&self) -> String {
+        match &self.content {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
+    /// True when the message carries text (a non-empty string or any content part).
+    pub fn has_content(&self) -> bool {
+        match &self.content {
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(Value::Array(parts)) => !parts.is_empty(),
+            Some(Value::Null) | None => false,
+            Some(_) => true,
+        }
+    }
+}

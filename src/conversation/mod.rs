@@ -1,0 +1,9 @@
+//! The conversation model shared by both managed APIs. Chat messages are the model; the
+//! Responses API converts its items into it and back. Every wire field we do not read is kept
+//! in `extra` maps so that an untouched message is re-emitted as received.
+
+pub mod identity;
+pub mod message;
+
+pub use identity::{MessageId, chain_ids, message_id};
+pub use message::{FunctionCall, Message, Role, ToolCall};

@@ -1,0 +1,82 @@
+//! The one error type of the crate. Every failure a request can meet is a variant here;
+//! `http::error` is the one place that turns it into a status code and an OpenAI-shaped body.
+
+use std::time::Duration;
+
+/// Everything that can go wrong while serving a request or loading configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The client's request is malformed: not JSON, wrong types, a missing field.
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        /// The request field at fault, when one can be named.
+        param: Option<String>,
+    },
+    /// The conversation is still larger than the model's context window after every rewrite.
+    #[error(
+        "This model's maximum context length is {window} tokens; the conversation needs {needed} tokens even after ctxproxy's rewrites"
+    )]
+    ContextLengthExceeded { window: u64, needed: u64 },
+    /// No tenant accepts the presented key (or none was presented).
+    #[error("Incorrect API key provided")]
+    InvalidApiKey,
+    /// Admin route called without the right admin token.
+    #[error("admin token missing or wrong")]
+    AdminUnauthorized,
+    /// A route that does not exist (or is disabled, like the admin API without a token).
+    #[error("{0}")]
+    NotFound(String),
+    /// The role may not use a tool the request names.
+    #[error("{message}")]
+    ToolNotAllowed {
+        message: String,
+        param: Option<String>,
+    },
+    /// The role named by the key or header is not defined for the tenant.
+    #[error("unknown role '{0}'")]
+    UnknownRole(String),
+    /// Request body larger than `server.max_body_bytes`.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    RequestTooLarge { limit: usize },
+    /// The upstream could not be reached (connect refused, DNS, TLS, reset before a response).
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    /// The upstream did not answer (or stopped sending) within the configured time.
+    #[error("upstream timed out after {0:?}")]
+    UpstreamTimeout(Duration),
+    /// The store failed; nothing is forwarded that could not be recorded.
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(String),
+    /// Configuration could not be loaded; the message names file and key path.
+    #[error("{0}")]
+    Config(String),
+    /// A bug or an unexpected condition on our side.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// A 400 naming the offending field.
+    pub fn invalid(message: impl Into<String>, param: impl Into<Option<String>>) -> Self {
+        Error::InvalidRequest {
+            message: message.into(),
+            param: param.into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(err: sqlx::Error) -> Self {
+        Error::StoreUnavailable(err.to_string())
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        Error::StoreUnavailable(format!("migration failed: {err}"))
+    }
+}
+
+/// Result with the crate's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
