@@ -3,8 +3,18 @@
 //! The request path: `http` (routes, tenant, errors) → `store` (session, history) →
 //! `context` (the pure rewrite pipeline) → `upstream` (forward, relay, accumulate) → `store`.
 
+pub mod app;
+pub mod config;
 pub mod context;
 pub mod conversation;
 pub mod error;
+pub mod http;
+pub mod telemetry;
+pub mod upstream;
 
 pub use error::{Error, Result};
+
+/// Installs rustls' ring provider; reqwest is built without one. Safe to call more than once.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,1 +1,112 @@
-fn main() {}
+//! The `ctxproxy` binary: a thin CLI over the library (`serve`, `check-config`, `migrate`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use ctxproxy::app::{Server, config_path, load_config, shutdown_signal};
+use ctxproxy::config::Config;
+
+#[derive(Parser)]
+#[command(name = "ctxproxy", version, about = "A context-managing proxy for OpenAI-compatible APIs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        /// The server file (default config/ctxproxy.yaml, or CTXPROXY_CONFIG).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Load the server file and every tenant file and report every problem.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Apply pending database migrations and exit.
+    Migrate {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    ctxproxy::telemetry::init_logging();
+    match cli.command {
+        Command::CheckConfig { config } => check_config(config_path(config)),
+        Command::Serve { config } => run_async(serve(config_path(config))),
+        Command::Migrate { config } => run_async(migrate(config_path(config))),
+    }
+}
+
+fn run_async(fut: impl std::future::Future<Output = ctxproxy::Result<()>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("ctxproxy: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(path: PathBuf) -> ctxproxy::Result<()> {
+    ctxproxy::install_crypto_provider();
+    let config = load_config(&path)?;
+    let server = Server::bind(config, None).await?;
+    tracing::info!(addr = %server.local_addr()?, config = %path.display(), "ctxproxy listening");
+    server.run(shutdown_signal()).await
+}
+
+async fn migrate(path: PathBuf) -> ctxproxy::Result<()> {
+    let config = load_config(&path)?;
+    tracing::info!(url = %redact_url(&config.server.database.url), "migrations: nothing to apply yet");
+    Ok(())
+}
+
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+fn check_config(path: PathBuf) -> ExitCode {
+    match Config::load(&path) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                println!("warning: {w}");
+            }
+            let c = &loaded.config;
+            println!(
+                "ok: {} ({} tenant{}, {} model pattern{})",
+                path.display(),
+                c.tenants.len(),
+                if c.tenants.len() == 1 { "" } else { "s" },
+                c.server.models.len(),
+                if c.server.models.len() == 1 { "" } else { "s" },
+            );
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            for p in &problems {
+                println!("{p}");
+            }
+            println!("{} problem{} found", problems.len(), if problems.len() == 1 { "" } else { "s" });
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -2,8 +2,12 @@
 //! Responses API converts its items into it and back. Every wire field we do not read is kept
 //! in `extra` maps so that an untouched message is re-emitted as received.
 
+pub mod chat;
 pub mod identity;
 pub mod message;
+pub mod responses;
 
 pub use identity::{MessageId, chain_ids, message_id};
 pub use message::{FunctionCall, Message, Role, ToolCall};
+pub use chat::ChatRequest;
+pub use responses::ResponsesRequest;

@@ -1,0 +1,159 @@
+//! The running proxy: shared state, the middleware order and serving with graceful shutdown.
+//!
+//! Layers, outermost first: the router (`http::router`) dispatches to handlers; handlers take one
+//! config snapshot, select the tenant, and run managed work on a spawned task so that a client
+//! hanging up never cancels an upstream read or a store write.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::serve::ListenerExt;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::upstream::Upstream;
+
+/// Everything handlers share.
+pub struct AppState {
+    /// The configuration in force; swapped whole on reload.
+    pub config: ArcSwap<Config>,
+    pub upstream: Upstream,
+}
+
+impl AppState {
+    pub fn new(config: Config) -> Arc<Self> {
+        let upstream = Upstream::default();
+        // Building a client loads TLS roots (~100 ms): do it now, not on a user's request.
+        for tenant in &config.tenants {
+            let connect = Duration::from_secs(tenant.file.upstream.connect_timeout_s);
+            if let Err(e) = upstream.client(connect) {
+                tracing::warn!(error = %e, "could not prepare the upstream client");
+            }
+        }
+        Arc::new(AppState {
+            config: ArcSwap::from_pointee(config),
+            upstream,
+        })
+    }
+}
+
+/// Loads the configuration, logging warnings; every problem is returned as one error.
+pub fn load_config(path: &Path) -> Result<Config> {
+    match Config::load(path) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                tracing::warn!(problem = %w, "configuration warning");
+            }
+            Ok(loaded.config)
+        }
+        Err(problems) => Err(Error::Config(
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )),
+    }
+}
+
+/// A proxy bound to its listening socket, ready to serve.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Binds the configured (or given) address.
+    pub async fn bind(config: Config, listen: Option<SocketAddr>) -> Result<Server> {
+        let addr = match listen {
+            Some(a) => a,
+            None => config.server.server.listen.parse().map_err(|e| {
+                Error::Config(format!("server.listen: invalid address: {e}"))
+            })?,
+        };
+        let grace = Duration::from_secs(config.server.server.shutdown_grace_s);
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))?;
+        Ok(Server {
+            listener,
+            state: AppState::new(config),
+            grace,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.listener
+            .local_addr()
+            .map_err(|e| Error::Internal(e.to_string()))
+    }
+
+    pub fn state(&self) -> Arc<AppState> {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then lets in-flight requests (streams included)
+    /// finish for at most the grace period.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+        let router = crate::http::router(self.state.clone());
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut server_stop = stop_rx.clone();
+        // Small SSE chunks must leave at once, not wait for Nagle.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let server = axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = server_stop.wait_for(|s| *s).await;
+            });
+        let mut handle = tokio::spawn(server.into_future());
+        tokio::select! {
+            res = &mut handle => {
+                return res
+                    .map_err(|e| Error::Internal(e.to_string()))?
+                    .map_err(|e| Error::Internal(e.to_string()));
+            }
+            () = shutdown => {}
+        }
+        tracing::info!(grace_s = self.grace.as_secs(), "shutting down; letting in-flight requests finish");
+        let _ = stop_tx.send(true);
+        match tokio::time::timeout(self.grace, handle).await {
+            Ok(_) => tracing::info!("all requests finished"),
+            Err(_) => tracing::warn!("grace period over; dropping requests still in flight"),
+        }
+        Ok(())
+    }
+}
+
+/// Resolves the config path: the flag, else `CTXPROXY_CONFIG`, else the default.
+pub fn config_path(flag: Option<PathBuf>) -> PathBuf {
+    flag.or_else(|| std::env::var_os(crate::config::env::CONFIG).map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_CONFIG_PATH))
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,356 @@
+//! Configuration: the server file, the tenant files and the model table, loaded into one
+//! immutable [`Config`] snapshot. The running proxy holds it in an `ArcSwap`; a request takes one
+//! snapshot at its start and finishes on it even if a reload swaps in another.
+
+pub mod server;
+pub mod tenant;
+mod yaml;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::context::Policy;
+pub use server::{ModelEntry, ServerFile};
+pub use tenant::{HistoryMode, Keys, TenantFile};
+
+/// The environment variables that override the server file (SPEC section 2).
+pub mod env {
+    pub const CONFIG: &str = "CTXPROXY_CONFIG";
+    pub const LISTEN: &str = "CTXPROXY_LISTEN";
+    pub const DATABASE_URL: &str = "CTXPROXY_DATABASE_URL";
+    pub const UPSTREAM_URL: &str = "CTXPROXY_UPSTREAM_URL";
+    pub const LOG: &str = "CTXPROXY_LOG";
+    pub const LOG_FORMAT: &str = "CTXPROXY_LOG_FORMAT";
+}
+
+/// The default location of the server file.
+pub const DEFAULT_CONFIG_PATH: &str = "config/ctxproxy.yaml";
+
+/// One problem found while loading: the file it is in and what is wrong, with its key path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    pub file: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file, self.message)
+    }
+}
+
+/// A tenant ready to serve: its file, its policy merged over the defaults, its resolved upstream.
+#[derive(Debug)]
+pub struct Tenant {
+    /// The file stem; used as a metric label and in the store.
+    pub name: String,
+    pub file: TenantFile,
+    /// `policy` merged over the server's `defaults`.
+    pub policy: Policy,
+    /// The upstream base URL, without a trailing slash.
+    pub upstream_base: String,
+    /// With listed keys: the key sent upstream in place of the client's.
+    pub upstream_key: Option<String>,
+}
+
+impl Tenant {
+    /// True when the client's own Authorization is forwarded (`keys: any`).
+    pub fn forwards_client_key(&self) -> bool {
+        self.file.keys == Keys::Any
+    }
+}
+
+/// The tenant a request's key selected, and the role bound to that key, if any.
+#[derive(Debug, Clone)]
+pub struct Selected {
+    pub tenant: Arc<Tenant>,
+    pub key_role: Option<String>,
+}
+
+/// A loaded, validated configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// Where the server file was read from.
+    pub path: PathBuf,
+    /// The server file with environment overrides applied.
+    pub server: ServerFile,
+    pub tenants: Vec<Arc<Tenant>>,
+    /// The admin token, read from the variable named by `admin.token_env`.
+    pub admin_token: Option<String>,
+    by_key: HashMap<[u8; 32], (usize, Option<String>)>,
+    any_tenant: Option<usize>,
+}
+
+/// The result of a successful load: the configuration and warnings that did not stop it.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: Config,
+    pub warnings: Vec<Problem>,
+}
+
+impl Config {
+    /// Loads the server file at `path` and every tenant file; every problem is reported.
+    pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut warnings = Vec::new();
+        let file_label = path.display().to_string();
+        let mut server: ServerFile = match std::fs::read_to_string(path) {
+            Ok(text) => match yaml::parse(&text) {
+                Ok(s) => s,
+                Err(message) => {
+                    return Err(vec![Problem {
+                        file: file_label,
+                        message,
+                    }]);
+                }
+            },
+            Err(e) => {
+                return Err(vec![Problem {
+                    file: file_label,
+                    message: format!("cannot read: {e}"),
+                }]);
+            }
+        };
+        apply_env_overrides(&mut server);
+        for pattern in server.models.keys() {
+            if let Err(e) = globset::Glob::new(pattern) {
+                problems.push(Problem {
+                    file: file_label.clone(),
+                    message: format!("models.{pattern}: invalid glob: {e}"),
+                });
+            }
+        }
+
+        let tenants_dir = server.tenants_dir.clone();
+        let dir_label = tenants_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| tenants_dir.display().to_string());
+        let mut files = match std::fs::read_dir(&tenants_dir) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .collect::<Vec<_>>(),
+            Err(e) => {
+                problems.push(Problem {
+                    file: tenants_dir.display().to_string(),
+                    message: format!("cannot read tenants_dir: {e}"),
+                });
+                Vec::new()
+            }
+        };
+        files.sort();
+
+        let upstream_override = std::env::var(env::UPSTREAM_URL).ok().filter(|s| !s.is_empty());
+        let mut tenants = Vec::new();
+        for file in files {
+            let name = file
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default();
+            let label = format!(
+                "{dir_label}/{}",
+                file.file_name().unwrap_or_default().to_string_lossy()
+            );
+            let parsed = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read: {e}"))
+                .and_then(|text| yaml::parse::<TenantFile>(&text));
+            match parsed {
+                Ok(tf) => {
+                    let (tenant, mut found, mut warns) =
+                        build_tenant(name, tf, &server, upstream_override.as_deref(), &label);
+                    problems.append(&mut found);
+                    warnings.append(&mut warns);
+                    tenants.push((label, Arc::new(tenant)));
+                }
+                Err(message) => problems.push(Problem {
+                    file: label,
+                    message,
+                }),
+            }
+        }
+
+        let mut by_key = HashMap::new();
+        let mut any_tenant: Option<(usize, String)> = None;
+        for (idx, (label, tenant)) in tenants.iter().enumerate() {
+            match &tenant.file.keys {
+                Keys::Any => {
+                    if let Some((_, other)) = &any_tenant {
+                        problems.push(Problem {
+                            file: label.clone(),
+                            message: format!(
+                                "keys: `any` is already claimed by {other}; at most one tenant may accept any key"
+                            ),
+                        });
+                    } else {
+                        any_tenant = Some((idx, label.clone()));
+                    }
+                }
+                Keys::Listed(list) => {
+                    for (i, entry) in list.iter().enumerate() {
+                        let Some(hash) = parse_sha256(&entry.sha256) else {
+                            problems.push(Problem {
+                                file: label.clone(),
+                                message: format!(
+                                    "keys[{i}].sha256: expected 64 hex characters (the sha256 of the key)"
+                                ),
+                            });
+                            continue;
+                        };
+                        if let Some((other, _)) = by_key.get(&hash) {
+                            let other_label: &String = &tenants[*other as usize].0;
+                            problems.push(Problem {
+                                file: label.clone(),
+                                message: format!(
+                                    "keys[{i}].sha256: the same key is listed by {other_label}; two tenants may not share a key"
+                                ),
+                            });
+                            continue;
+                        }
+                        by_key.insert(hash, (idx, entry.role.clone()));
+                    }
+                }
+            }
+        }
+
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let admin_token = std::env::var(&server.admin.token_env)
+            .ok()
+            .filter(|t| !t.is_empty());
+        Ok(Loaded {
+            config: Config {
+                path: path.to_path_buf(),
+                server,
+                tenants: tenants.into_iter().map(|(_, t)| t).collect(),
+                admin_token,
+                by_key,
+                any_tenant: any_tenant.map(|(i, _)| i),
+            },
+            warnings,
+        })
+    }
+
+    /// The tenant for a bearer token: a listed key first, else the `keys: any` tenant.
+    pub fn select_tenant(&self, bearer: Option<&str>) -> Option<Selected> {
+        if let Some(token) = bearer {
+            let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            if let Some((idx, role)) = self.by_key.get(&hash) {
+                return Some(Selected {
+                    tenant: self.tenants[*idx].clone(),
+                    key_role: role.clone(),
+                });
+            }
+        }
+        self.any_tenant.map(|idx| Selected {
+            tenant: self.tenants[idx].clone(),
+            key_role: None,
+        })
+    }
+
+    /// A tenant by name (admin routes).
+    pub fn tenant(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.tenants.iter().find(|t| t.name == name)
+    }
+}
+
+fn apply_env_overrides(server: &mut ServerFile) {
+    if let Ok(v) = std::env::var(env::LISTEN)
+        && !v.is_empty()
+    {
+        server.server.listen = v;
+    }
+    if let Ok(v) = std::env::var(env::DATABASE_URL)
+        && !v.is_empty()
+    {
+        server.database.url = v;
+    }
+}
+
+fn build_tenant(
+    name: String,
+    file: TenantFile,
+    server: &ServerFile,
+    upstream_override: Option<&str>,
+    label: &str,
+) -> (Tenant, Vec<Problem>, Vec<Problem>) {
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let problem = |message: String| Problem {
+        file: label.to_string(),
+        message,
+    };
+    let base = upstream_override.unwrap_or(&file.upstream.base_url);
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        problems.push(problem(format!(
+            "upstream.base_url: expected an http:// or https:// URL, found `{base}`"
+        )));
+    }
+    let upstream_key = match (&file.keys, &file.upstream.api_key_env) {
+        (Keys::Listed(_), None) => {
+            problems.push(problem(
+                "upstream.api_key_env: required with listed keys (the client's key is never forwarded)"
+                    .into(),
+            ));
+            None
+        }
+        (_, Some(var)) => {
+            let value = std::env::var(var).ok().filter(|v| !v.is_empty());
+            if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
+                warnings.push(problem(format!(
+                    "upstream.api_key_env: the variable {var} is not set; requests will reach the upstream without a key"
+                )));
+            }
+            value
+        }
+        (Keys::Any, None) => None,
+    };
+    let roles = &file.tools.roles;
+    if !roles.is_empty() {
+        if let Some(default_role) = &file.tools.default_role
+            && !roles.contains_key(default_role)
+        {
+            problems.push(problem(format!(
+                "tools.default_role: `{default_role}` is not one of tools.roles"
+            )));
+        }
+        if let Keys::Listed(keys) = &file.keys {
+            for (i, k) in keys.iter().enumerate() {
+                if let Some(role) = &k.role
+                    && !roles.contains_key(role)
+                {
+                    problems.push(problem(format!(
+                        "keys[{i}].role: `{role}` is not one of tools.roles"
+                    )));
+                }
+            }
+        }
+        for (role, globs) in roles {
+            for g in globs {
+                if let Err(e) = globset::Glob::new(g) {
+                    problems.push(problem(format!("tools.roles.{role}: invalid glob `{g}`: {e}")));
+                }
+            }
+        }
+    }
+    let policy = file.policy.merged_over(&server.defaults);
+    let tenant = Tenant {
+        name,
+        upstream_base: base.trim_end_matches('/').to_string(),
+        upstream_key,
+        policy,
+        file,
+    };
+    (tenant, problems, warnings)
+}
+
+fn parse_sha256(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(s.trim().to_ascii_lowercase(), &mut out).ok()?;
+    Some(out)
+}

@@ -1,0 +1,85 @@
+//! Reading request bodies: bounded by `max_body_bytes` (413 beyond it) and parsed as JSON with
+//! errors that name the offending field, so even a parse error is OpenAI-shaped.
+
+use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// Reads the whole body, refusing more than `limit` bytes.
+pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(Error::RequestTooLarge { limit })
+        }
+        Err(e) => Err(Error::invalid(
+            format!("could not read the request body: {e}"),
+            None,
+        )),
+    }
+}
+
+/// Parses a JSON body into `T`; the error's `param` is the path of the field at fault.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            return Error::invalid(
+                format!("We could not parse the JSON body of your request: {inner}"),
+                None,
+            );
+        }
+        let message = inner.to_string();
+        // serde reports a missing field at its parent; name the field itself.
+        let param = match missing_field(&message) {
+            Some(field) if path == "." => Some(field.to_string()),
+            Some(field) => Some(format!("{path}.{field}")),
+            None if path == "." => None,
+            None => Some(path),
+        };
+        let message = match &param {
+            Some(p) => format!("Invalid value for '{p}': {message}"),
+            None => format!("Invalid request body: {message}"),
+        };
+        Error::invalid(message, param)
+    })
+}
+
+fn missing_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing field `")?;
+    rest.split('`').next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::ChatRequest;
+
+    fn param_of(body: &str) -> Option<String> {
+        match parse_json::<ChatRequest>(body.as_bytes()) {
+            Err(Error::InvalidRequest { param, .. }) => param,
+            other => panic!("expected invalid request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_model_names_model() {
+        assert_eq!(param_of(r#"{"messages":[]}"#).as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn wrong_type_names_the_field_path() {
+        let p = param_of(r#"{"model":"m","messages":[{"role":"user","tool_calls":5}]}"#);
+        assert_eq!(p.as_deref(), Some("messages[0].tool_calls"));
+    }
+
+    #[test]
+    fn not_json_has_no_param() {
+        assert_eq!(param_of("{nope"), None);
+    }
+}

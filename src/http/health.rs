@@ -1,0 +1,25 @@
+//! Liveness and readiness.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+
+use crate::app::AppState;
+
+/// 200 while the process serves.
+pub async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// 200 when the configuration is loaded and the store answers; 503 otherwise.
+pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
+    let config = state.config.load();
+    let tenants = config.tenants.len();
+    (
+        StatusCode::OK,
+        Json(json!({"status": "ready", "tenants": tenants})),
+    )
+}

@@ -1,0 +1,43 @@
+//! The HTTP surface: the route table (routes only; handlers live in one file per family) and
+//! the pieces every handler shares.
+
+pub mod body;
+pub mod error;
+pub mod health;
+pub mod managed;
+pub mod passthrough;
+pub mod request_id;
+pub mod tenant;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{any, get, post};
+
+use crate::app::AppState;
+use crate::error::Error;
+
+/// Every route of SPEC section 3.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(managed::chat_completions).fallback(passthrough::forward),
+        )
+        .route(
+            "/v1/responses",
+            post(managed::responses).fallback(passthrough::forward),
+        )
+        .route("/v1/{*rest}", any(passthrough::forward))
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .fallback(not_found)
+        // Bodies are read by handlers with their own limit (413 in OpenAI shape) or streamed.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+async fn not_found(uri: axum::http::Uri) -> Error {
+    Error::NotFound(format!("no route for {}", uri.path()))
+}

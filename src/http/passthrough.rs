@@ -1,0 +1,97 @@
+//! Everything under `/v1/` that ctxproxy does not manage: forwarded unchanged (method, path,
+//! query, headers less hop-by-hop ones, body streamed both ways), only the tenant's
+//! Authorization handling applied.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+
+use super::{request_id, tenant};
+use crate::app::AppState;
+use crate::error::{Error, Result};
+use crate::upstream::{self, Outgoing, headers};
+
+/// Forwards the request to the tenant's upstream and relays the answer as it comes.
+pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let started = Instant::now();
+    let request_id = request_id::from_headers(request.headers());
+    let path = request.uri().path().to_string();
+    let (tenant_name, result) = forward_inner(&state, request).await;
+    let mut response = match result {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    };
+    tracing::info!(
+        tenant = tenant_name.as_deref().unwrap_or("-"),
+        endpoint = %path,
+        status = response.status().as_u16(),
+        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        request_id = %request_id,
+        "passthrough"
+    );
+    if let Ok(v) = request_id.parse() {
+        response.headers_mut().insert(request_id::RESPONSE_HEADER, v);
+    }
+    response
+}
+
+async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, Result<Response>) {
+    let config = state.config.load_full();
+    let selected = match tenant::select(&config, request.headers()) {
+        Ok(s) => s,
+        Err(e) => return (None, Err(e)),
+    };
+    let name = Some(selected.tenant.name.clone());
+    let result = async {
+        let limit = config.server.server.max_body_bytes;
+        let declared = request
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(Error::RequestTooLarge { limit });
+        }
+        let tenant = &selected.tenant;
+        let up = &tenant.file.upstream;
+        let (parts, body) = request.into_parts();
+        let rest = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
+        let mut url = format!("{}{}", tenant.upstream_base, rest);
+        if let Some(q) = parts.uri.query() {
+            url.push('?');
+            url.push_str(q);
+        }
+        let auth = tenant::upstream_auth(&selected);
+        let out_headers = headers::to_upstream(&parts.headers, &auth, false);
+        let body_stream = axum::body::Body::new(http_body_util::Limited::new(body, limit))
+            .into_data_stream()
+            .map_err(std::io::Error::other);
+        let client = state
+            .upstream
+            .client(Duration::from_secs(up.connect_timeout_s))?;
+        let timeout = Duration::from_secs(up.timeout_s);
+        let resp = upstream::send(
+            &client,
+            Outgoing {
+                method: parts.method,
+                url,
+                headers: out_headers,
+                body: reqwest::Body::wrap_stream(body_stream),
+                header_timeout: timeout,
+            },
+        )
+        .await?;
+        let status = resp.status();
+        let resp_headers = headers::to_client(resp.headers());
+        let mut response = Response::new(upstream::relay::passthrough(resp, timeout));
+        *response.status_mut() = status;
+        *response.headers_mut() = resp_headers;
+        Ok::<_, Error>(response)
+    }
+    .await;
+    (name, result)
+}

@@ -1,0 +1,91 @@
+//! Which headers cross the proxy. Hop-by-hop headers never do; the proxy's own `x-ctxproxy-*`
+//! headers stop here; `Authorization` is swapped for keyed tenants.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// How the client's Authorization is treated upstream.
+#[derive(Debug, Clone)]
+pub enum UpstreamAuth {
+    /// `keys: any`: forward the client's header unchanged.
+    Forward,
+    /// Listed keys: send this key instead (or none, when the variable is unset).
+    Replace(Option<String>),
+}
+
+/// The headers to send upstream for a client request. `keep_length` keeps `Content-Length`
+/// (pass-through of an unchanged body); managed routes send a new body and drop it, as they drop
+/// `Accept-Encoding` so the reply arrives in plain text for the store.
+pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(client.len());
+    for (name, value) in client {
+        if is_hop_by_hop(name)
+            || name == header::HOST
+            || name.as_str().starts_with("x-ctxproxy-")
+            || name == header::AUTHORIZATION
+        {
+            continue;
+        }
+        if managed && (name == header::CONTENT_LENGTH || name == header::ACCEPT_ENCODING) {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    match auth {
+        UpstreamAuth::Forward => {
+            if let Some(v) = client.get(header::AUTHORIZATION) {
+                out.insert(header::AUTHORIZATION, v.clone());
+            }
+        }
+        UpstreamAuth::Replace(Some(key)) => {
+            if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
+                out.insert(header::AUTHORIZATION, v);
+            }
+        }
+        UpstreamAuth::Replace(None) => {}
+    }
+    if managed {
+        out.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    out
+}
+
+/// The upstream's response headers as relayed to the client (framing is hyper's business).
+pub fn to_client(upstream: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(upstream.len());
+    for (name, value) in upstream {
+        if is_hop_by_hop(name) || name == header::CONTENT_LENGTH {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    out
+}
+
+/// The bearer token of an Authorization header, if any.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}

@@ -1,0 +1,87 @@
+//! Talking to the provider: a pooled HTTP client per connect timeout, sending with the
+//! configured time limits, mapping transport failures to the crate's errors, and relaying
+//! answers (see `relay`) while the reply is rebuilt beside the byte stream (see `reply`).
+
+pub mod headers;
+pub mod relay;
+pub mod reply;
+pub mod sse;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, Method};
+
+use crate::error::{Error, Result};
+
+/// Pooled clients, one per connect timeout (reqwest sets that per client). Cloning a client is
+/// cheap and shares its connection pool, so the lock is held only to look one up.
+#[derive(Default)]
+pub struct Upstream {
+    clients: Mutex<HashMap<u64, reqwest::Client>>,
+}
+
+impl Upstream {
+    /// The client for a connect timeout, built on first use.
+    pub fn client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
+        let key = connect_timeout.as_millis() as u64;
+        let mut clients = self
+            .clients
+            .lock()
+            .map_err(|_| Error::Internal("upstream client registry poisoned".into()))?;
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::Internal(format!("cannot build HTTP client: {e}")))?;
+        clients.insert(key, client.clone());
+        Ok(client)
+    }
+}
+
+/// One request to send upstream.
+pub struct Outgoing {
+    pub method: Method,
+    pub url: String,
+    pub headers: HeaderMap,
+    pub body: reqwest::Body,
+    /// The longest wait for the response headers.
+    pub header_timeout: Duration,
+}
+
+/// Sends a request and waits for the response headers within `header_timeout`.
+pub async fn send(client: &reqwest::Client, out: Outgoing) -> Result<reqwest::Response> {
+    let request = client
+        .request(out.method, &out.url)
+        .headers(out.headers)
+        .body(out.body);
+    match tokio::time::timeout(out.header_timeout, request.send()).await {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(map_reqwest(e, out.header_timeout)),
+        Err(_) => Err(Error::UpstreamTimeout(out.header_timeout)),
+    }
+}
+
+/// A transport error as the crate's error: timeouts are 504, everything else 502.
+pub fn map_reqwest(e: reqwest::Error, limit: Duration) -> Error {
+    if e.is_timeout() {
+        Error::UpstreamTimeout(limit)
+    } else {
+        // The error chain explains connect failures ("connection refused") without secrets.
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            source = s.source();
+        }
+        Error::UpstreamUnreachable(msg)
+    }
+}

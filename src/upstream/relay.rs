@@ -1,0 +1,110 @@
+//! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
+//! task reads the upstream, passes every chunk on at once and feeds a copy to the reply
+//! accumulator; it keeps reading after the client hangs up so the full reply is still stored.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+use super::reply::{ApiKind, Reply, StreamAccumulator};
+use crate::error::Error;
+
+/// How a relayed stream ended.
+#[derive(Debug)]
+pub struct StreamOutcome {
+    /// The reply rebuilt from the events.
+    pub reply: Reply,
+    /// Set when the upstream failed or stalled mid-stream.
+    pub error: Option<Error>,
+    /// When the upstream's last byte arrived.
+    pub upstream_done: Instant,
+    /// True when the client went away before the end.
+    pub client_gone: bool,
+}
+
+/// Relays an SSE answer chunk by chunk, never collecting it. `idle` bounds the wait between
+/// two chunks. When the stream has ended (or failed), `on_done` runs with the rebuilt reply.
+pub fn tee_sse<F, Fut>(
+    resp: reqwest::Response,
+    idle: Duration,
+    kind: ApiKind,
+    on_done: F,
+) -> Body
+where
+    F: FnOnce(StreamOutcome) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    // A small buffer: the client reads at its pace, but a slow client never makes us hold a
+    // whole answer in memory.
+    let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        let mut stream = resp.bytes_stream();
+        let mut acc = StreamAccumulator::new(kind);
+        let mut client_gone = false;
+        let mut error = None;
+        loop {
+            match tokio::time::timeout(idle, stream.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    acc.feed(&chunk);
+                    if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+                        client_gone = true;
+                    }
+                }
+                Ok(Some(Err(e))) => {
+                    error = Some(Error::UpstreamUnreachable(format!(
+                        "upstream stream failed: {e}"
+                    )));
+                    break;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    error = Some(Error::UpstreamTimeout(idle));
+                    break;
+                }
+            }
+        }
+        let upstream_done = Instant::now();
+        if let Some(err) = &error
+            && !client_gone
+        {
+            let event = format!("data: {}\n\n", err.body());
+            let _ = tx.send(Ok(Bytes::from(event))).await;
+        }
+        drop(tx);
+        on_done(StreamOutcome {
+            reply: acc.finish(),
+            error,
+            upstream_done,
+            client_gone,
+        })
+        .await;
+    });
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    Body::from_stream(stream)
+}
+
+/// Relays any body unchanged (pass-through routes), failing it if the upstream stalls for
+/// longer than `idle` between two chunks.
+pub fn passthrough(resp: reqwest::Response, idle: Duration) -> Body {
+    let stream = resp.bytes_stream();
+    let timed = futures_util::stream::unfold(Some(stream), move |state| async move {
+        let mut stream = state?;
+        match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(stream))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "upstream stalled",
+                )),
+                None,
+            )),
+        }
+    });
+    Body::from_stream(timed)
+}

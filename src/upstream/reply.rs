@@ -1,0 +1,344 @@
+//! Rebuilding the model's reply from what the upstream sent: the whole JSON body, or the SSE
+//! events of a stream (chat deltas merged by choice and tool-call index; Responses events read
+//! from `response.completed`, or from the finished items when that never comes).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+use super::sse::{SseEvent, SseParser};
+
+/// Which API the reply belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    Chat,
+    Responses,
+}
+
+/// The reply as it will be stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reply {
+    /// Chat: the message of choice 0. Responses: the output items.
+    pub messages: Vec<Value>,
+    /// Chat with `n > 1`: every choice, for the request record.
+    pub choices: Vec<Value>,
+    pub usage: Option<Value>,
+    /// The upstream's id for the answer (`chatcmpl-…` or `resp_…`).
+    pub id: Option<String>,
+}
+
+impl Reply {
+    /// The reply of a non-streamed answer body.
+    pub fn from_body(kind: ApiKind, body: &[u8]) -> Option<Reply> {
+        let v: Value = serde_json::from_slice(body).ok()?;
+        let id = v.get("id").and_then(Value::as_str).map(str::to_string);
+        let usage = v.get("usage").filter(|u| !u.is_null()).cloned();
+        match kind {
+            ApiKind::Chat => {
+                let choices = v.get("choices")?.as_array()?.clone();
+                let first = choices
+                    .iter()
+                    .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+                    .or(choices.first())?;
+                let message = first.get("message")?.clone();
+                Some(Reply {
+                    messages: vec![message],
+                    choices,
+                    usage,
+                    id,
+                })
+            }
+            ApiKind::Responses => Some(Reply {
+                messages: v.get("output")?.as_array()?.clone(),
+                choices: Vec::new(),
+                usage,
+                id,
+            }),
+        }
+    }
+}
+
+/// Merges the events of a stream into a [`Reply`].
+#[derive(Debug)]
+pub struct StreamAccumulator {
+    kind: ApiKind,
+    parser: SseParser,
+    chat: BTreeMap<u64, ChoiceDeltas>,
+    items: BTreeMap<u64, Value>,
+    completed: Option<Value>,
+    usage: Option<Value>,
+    id: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct ChoiceDeltas {
+    role: Option<String>,
+    content: Option<String>,
+    refusal: Option<String>,
+    tool_calls: BTreeMap<u64, ToolCallDeltas>,
+    finish_reason: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+struct ToolCallDeltas {
+    id: Option<String>,
+    kind: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+impl StreamAccumulator {
+    pub fn new(kind: ApiKind) -> Self {
+        StreamAccumulator {
+            kind,
+            parser: SseParser::default(),
+            chat: BTreeMap::new(),
+            items: BTreeMap::new(),
+            completed: None,
+            usage: None,
+            id: None,
+        }
+    }
+
+    /// Feeds bytes as they pass to the client.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        for event in self.parser.feed(chunk) {
+            self.event(event);
+        }
+    }
+
+    /// The reply rebuilt from everything fed.
+    pub fn finish(mut self) -> Reply {
+        for event in self.parser.finish() {
+            self.event(event);
+        }
+        match self.kind {
+            ApiKind::Chat => self.finish_chat(),
+            ApiKind::Responses => self.finish_responses(),
+        }
+    }
+
+    fn event(&mut self, event: SseEvent) {
+        if event.data == "[DONE]" || event.data.is_empty() {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
+            return;
+        };
+        match self.kind {
+            ApiKind::Chat => self.chat_chunk(&v),
+            ApiKind::Responses => self.responses_event(event.event.as_deref(), v),
+        }
+    }
+
+    fn chat_chunk(&mut self, v: &Value) {
+        if self.id.is_none() {
+            self.id = v.get("id").and_then(Value::as_str).map(str::to_string);
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(u.clone());
+        }
+        let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        for choice in choices {
+            let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let acc = self.chat.entry(index).or_default();
+            if let Some(fr) = choice.get("finish_reason").filter(|f| !f.is_null()) {
+                acc.finish_reason = Some(fr.clone());
+            }
+            let Some(delta) = choice.get("delta") else {
+                continue;
+            };
+            if let Some(role) = delta.get("role").and_then(Value::as_str) {
+                acc.role = Some(role.to_string());
+            }
+            if let Some(text) = delta.get("content").and_then(Value::as_str) {
+                acc.content.get_or_insert_with(String::new).push_str(text);
+            }
+            if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
+                acc.refusal.get_or_insert_with(String::new).push_str(text);
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let ci = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let tc = acc.tool_calls.entry(ci).or_default();
+                if let Some(id) = call.get("id").and_then(Value::as_str) {
+                    tc.id = Some(id.to_string());
+                }
+                if let Some(k) = call.get("type").and_then(Value::as_str) {
+                    tc.kind = Some(k.to_string());
+                }
+                if let Some(f) = call.get("function") {
+                    if let Some(n) = f.get("name").and_then(Value::as_str) {
+                        tc.name.push_str(n);
+                    }
+                    if let Some(a) = f.get("arguments").and_then(Value::as_str) {
+                        tc.arguments.push_str(a);
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_chat(self) -> Reply {
+        let mut choices = Vec::new();
+        let mut first = None;
+        for (index, acc) in self.chat {
+            let mut message = Map::new();
+            message.insert(
+                "role".into(),
+                Value::String(acc.role.unwrap_or_else(|| "assistant".into())),
+            );
+            message.insert(
+                "content".into(),
+                acc.content.map(Value::String).unwrap_or(Value::Null),
+            );
+            message.insert(
+                "refusal".into(),
+                acc.refusal.map(Value::String).unwrap_or(Value::Null),
+            );
+            if !acc.tool_calls.is_empty() {
+                let calls: Vec<Value> = acc
+                    .tool_calls
+                    .into_values()
+                    .map(|tc| {
+                        json!({
+                            "id": tc.id.unwrap_or_default(),
+                            "type": tc.kind.unwrap_or_else(|| "function".into()),
+                            "function": {"name": tc.name, "arguments": tc.arguments},
+                        })
+                    })
+                    .collect();
+                message.insert("tool_calls".into(), Value::Array(calls));
+            }
+            let message = Value::Object(message);
+            if index == 0 {
+                first = Some(message.clone());
+            }
+            choices.push(json!({
+                "index": index,
+                "message": message,
+                "finish_reason": acc.finish_reason.unwrap_or(Value::Null),
+            }));
+        }
+        Reply {
+            messages: first.into_iter().collect(),
+            choices,
+            usage: self.usage,
+            id: self.id,
+        }
+    }
+
+    fn responses_event(&mut self, name: Option<&str>, v: Value) {
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .or(name)
+            .unwrap_or_default()
+            .to_string();
+        match kind.as_str() {
+            "response.created" | "response.in_progress" => {
+                if let Some(id) = v.pointer("/response/id").and_then(Value::as_str) {
+                    self.id = Some(id.to_string());
+                }
+            }
+            "response.output_item.done" => {
+                let index = v
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(self.items.len() as u64);
+                if let Some(item) = v.get("item") {
+                    self.items.insert(index, item.clone());
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                if let Some(resp) = v.get("response") {
+                    self.completed = Some(resp.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn finish_responses(self) -> Reply {
+        if let Some(resp) = self.completed
+            && let Some(output) = resp.get("output").and_then(Value::as_array)
+        {
+            return Reply {
+                messages: output.clone(),
+                choices: Vec::new(),
+                usage: resp.get("usage").filter(|u| !u.is_null()).cloned(),
+                id: resp
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .or(self.id),
+            };
+        }
+        Reply {
+            messages: self.items.into_values().collect(),
+            choices: Vec::new(),
+            usage: None,
+            id: self.id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sse(chunks: &[Value]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend_from_slice(format!("data: {c}\n\n").as_bytes());
+        }
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        out
+    }
+
+    #[test]
+    fn parallel_tool_call_deltas_are_merged_by_index() {
+        let body = sse(&[
+            json!({"id":"c1","choices":[{"index":0,"delta":{"role":"assistant","content":null}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","type":"function","function":{"name":"f","arguments":""}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","type":"function","function":{"name":"g","arguments":"{\"x\""}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":":1}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        for piece in body.chunks(7) {
+            acc.feed(piece);
+        }
+        let reply = acc.finish();
+        assert_eq!(
+            reply.messages[0],
+            json!({"role":"assistant","content":null,"refusal":null,"tool_calls":[
+                {"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},
+                {"id":"b","type":"function","function":{"name":"g","arguments":"{\"x\":1}"}}
+            ]})
+        );
+        assert_eq!(reply.id.as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn responses_reply_comes_from_completed_event() {
+        let out = json!([{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]}]);
+        let body = format!(
+            "event: response.created\ndata: {}\n\nevent: response.completed\ndata: {}\n\n",
+            json!({"type":"response.created","response":{"id":"resp_1"}}),
+            json!({"type":"response.completed","response":{"id":"resp_1","output":out}})
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Responses);
+        acc.feed(body.as_bytes());
+        let reply = acc.finish();
+        assert_eq!(reply.messages, out.as_array().cloned().unwrap());
+        assert_eq!(reply.id.as_deref(), Some("resp_1"));
+    }
+}
