@@ -71,9 +71,12 @@ impl Server {
     pub async fn bind(config: Config, listen: Option<SocketAddr>) -> Result<Server> {
         let addr = match listen {
             Some(a) => a,
-            None => config.server.server.listen.parse().map_err(|e| {
-                Error::Config(format!("server.listen: invalid address: {e}"))
-            })?,
+            None => config
+                .server
+                .server
+                .listen
+                .parse()
+                .map_err(|e| Error::Config(format!("server.listen: invalid address: {e}")))?,
         };
         let grace = Duration::from_secs(config.server.server.shutdown_grace_s);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -99,7 +102,10 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then lets in-flight requests (streams included)
     /// finish for at most the grace period.
-    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
         let router = crate::http::router(self.state.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut server_stop = stop_rx.clone();
@@ -107,10 +113,9 @@ impl Server {
         let listener = self.listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        let server = axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = server_stop.wait_for(|s| *s).await;
-            });
+        let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+            let _ = server_stop.wait_for(|s| *s).await;
+        });
         let mut handle = tokio::spawn(server.into_future());
         tokio::select! {
             res = &mut handle => {
@@ -120,7 +125,10 @@ impl Server {
             }
             () = shutdown => {}
         }
-        tracing::info!(grace_s = self.grace.as_secs(), "shutting down; letting in-flight requests finish");
+        tracing::info!(
+            grace_s = self.grace.as_secs(),
+            "shutting down; letting in-flight requests finish"
+        );
         let _ = stop_tx.send(true);
         match tokio::time::timeout(self.grace, handle).await {
             Ok(_) => tracing::info!("all requests finished"),

@@ -9,7 +9,11 @@ use ctxproxy::app::{Server, config_path, load_config, shutdown_signal};
 use ctxproxy::config::Config;
 
 #[derive(Parser)]
-#[command(name = "ctxproxy", version, about = "A context-managing proxy for OpenAI-compatible APIs")]
+#[command(
+    name = "ctxproxy",
+    version,
+    about = "A context-managing proxy for OpenAI-compatible APIs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -46,7 +50,10 @@ fn main() -> ExitCode {
 }
 
 fn run_async(fut: impl std::future::Future<Output = ctxproxy::Result<()>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -105,7 +112,11 @@ fn check_config(path: PathBuf) -> ExitCode {
             for p in &problems {
                 println!("{p}");
             }
-            println!("{} problem{} found", problems.len(), if problems.len() == 1 { "" } else { "s" });
+            println!(
+                "{} problem{} found",
+                problems.len(),
+                if problems.len() == 1 { "" } else { "s" }
+            );
             ExitCode::FAILURE
         }
     }

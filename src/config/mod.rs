@@ -145,7 +145,9 @@ impl Config {
         };
         files.sort();
 
-        let upstream_override = std::env::var(env::UPSTREAM_URL).ok().filter(|s| !s.is_empty());
+        let upstream_override = std::env::var(env::UPSTREAM_URL)
+            .ok()
+            .filter(|s| !s.is_empty());
         let mut tenants = Vec::new();
         for file in files {
             let name = file
@@ -202,7 +204,7 @@ impl Config {
                             continue;
                         };
                         if let Some((other, _)) = by_key.get(&hash) {
-                            let other_label: &String = &tenants[*other as usize].0;
+                            let other_label = &tenants[*other].0;
                             problems.push(Problem {
                                 file: label.clone(),
                                 message: format!(
@@ -333,7 +335,9 @@ fn build_tenant(
         for (role, globs) in roles {
             for g in globs {
                 if let Err(e) = globset::Glob::new(g) {
-                    problems.push(problem(format!("tools.roles.{role}: invalid glob `{g}`: {e}")));
+                    problems.push(problem(format!(
+                        "tools.roles.{role}: invalid glob `{g}`: {e}"
+                    )));
                 }
             }
         }

@@ -13,7 +13,10 @@ pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
             path_err = Some(if path == "." || path.is_empty() {
                 first_line(&inner.to_string())
             } else {
-                format!("{path}: {}", strip_position(&first_line(&inner.to_string())))
+                format!(
+                    "{path}: {}",
+                    strip_position(&first_line(&inner.to_string()))
+                )
             });
             inner
         })

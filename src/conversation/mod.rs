@@ -7,7 +7,7 @@ pub mod identity;
 pub mod message;
 pub mod responses;
 
+pub use chat::ChatRequest;
 pub use identity::{MessageId, chain_ids, message_id};
 pub use message::{FunctionCall, Message, Role, ToolCall};
-pub use chat::ChatRequest;
 pub use responses::ResponsesRequest;

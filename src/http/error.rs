@@ -12,7 +12,9 @@ impl Error {
     /// The HTTP status, OpenAI error `type` and `code` for this error.
     pub fn classify(&self) -> (StatusCode, &'static str, Option<&'static str>) {
         match self {
-            Error::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            Error::InvalidRequest { .. } => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+            }
             Error::ContextLengthExceeded { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
@@ -28,7 +30,11 @@ impl Error {
                 "authentication_error",
                 Some("invalid_admin_token"),
             ),
-            Error::NotFound(_) => (StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found")),
+            Error::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("not_found"),
+            ),
             Error::ToolNotAllowed { .. } => (
                 StatusCode::FORBIDDEN,
                 "permission_error",

@@ -72,7 +72,8 @@ pub async fn responses(
 
 async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: Endpoint) -> Response {
     let request_id = request_id::from_headers(&headers);
-    let span = tracing::info_span!("request", request_id = %request_id, endpoint = endpoint.as_str());
+    let span =
+        tracing::info_span!("request", request_id = %request_id, endpoint = endpoint.as_str());
     let log = AccessLog {
         tenant: None,
         endpoint,
@@ -86,7 +87,9 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
         Err(e) => Error::Internal(format!("request task failed: {e}")).into_response(),
     };
     if let Ok(v) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(request_id::RESPONSE_HEADER, v);
+        response
+            .headers_mut()
+            .insert(request_id::RESPONSE_HEADER, v);
     }
     response
 }
@@ -122,7 +125,12 @@ impl AccessLog {
     }
 }
 
-async fn handle(state: Arc<AppState>, headers: HeaderMap, body: Body, mut log: AccessLog) -> Response {
+async fn handle(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+    mut log: AccessLog,
+) -> Response {
     let config = state.config.load_full();
     match forward(&state, &config, &headers, body, &mut log).await {
         Ok(Answer::Complete(response)) => {

@@ -34,7 +34,9 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
         "passthrough"
     );
     if let Ok(v) = request_id.parse() {
-        response.headers_mut().insert(request_id::RESPONSE_HEADER, v);
+        response
+            .headers_mut()
+            .insert(request_id::RESPONSE_HEADER, v);
     }
     response
 }
@@ -59,7 +61,11 @@ async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, R
         let tenant = &selected.tenant;
         let up = &tenant.file.upstream;
         let (parts, body) = request.into_parts();
-        let rest = parts.uri.path().strip_prefix("/v1").unwrap_or(parts.uri.path());
+        let rest = parts
+            .uri
+            .path()
+            .strip_prefix("/v1")
+            .unwrap_or(parts.uri.path());
         let mut url = format!("{}{}", tenant.upstream_base, rest);
         if let Some(q) = parts.uri.query() {
             url.push('?');

@@ -28,12 +28,7 @@ pub struct StreamOutcome {
 
 /// Relays an SSE answer chunk by chunk, never collecting it. `idle` bounds the wait between
 /// two chunks. When the stream has ended (or failed), `on_done` runs with the rebuilt reply.
-pub fn tee_sse<F, Fut>(
-    resp: reqwest::Response,
-    idle: Duration,
-    kind: ApiKind,
-    on_done: F,
-) -> Body
+pub fn tee_sse<F, Fut>(resp: reqwest::Response, idle: Duration, kind: ApiKind, on_done: F) -> Body
 where
     F: FnOnce(StreamOutcome) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
