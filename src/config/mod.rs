@@ -176,7 +176,7 @@ impl Config {
             }
         }
 
-        let mut by_key = HashMap::new();
+        let mut by_key: HashMap<[u8; 32], (usize, Option<String>)> = HashMap::new();
         let mut any_tenant: Option<(usize, String)> = None;
         for (idx, (label, tenant)) in tenants.iter().enumerate() {
             match &tenant.file.keys {
