@@ -21,10 +21,16 @@ pub struct AppState {
     /// The configuration in force; swapped whole on reload.
     pub config: ArcSwap<Config>,
     pub upstream: Upstream,
+    /// Allowed tool sets per (tenant, role, tools array); cleared on reload.
+    pub tool_access: crate::access::ToolAccess,
 }
 
 impl AppState {
     pub fn new(config: Config) -> Arc<Self> {
+        crate::metrics::handle();
+        for tenant in &config.tenants {
+            crate::metrics::register_tenant(&tenant.name);
+        }
         let upstream = Upstream::default();
         // Building a client loads TLS roots (~100 ms): do it now, not on a user's request.
         for tenant in &config.tenants {
@@ -36,7 +42,67 @@ impl AppState {
         Arc::new(AppState {
             config: ArcSwap::from_pointee(config),
             upstream,
+            tool_access: Default::default(),
         })
+    }
+}
+
+impl AppState {
+    /// Reloads the configuration from disk. A file that fails to load leaves the last good
+    /// configuration in force; requests in flight keep the snapshot they started with.
+    pub fn reload(&self) -> bool {
+        let current = self.config.load_full();
+        match Config::load(&current.path) {
+            Ok(loaded) => {
+                let mut fresh = loaded.config;
+                for w in &loaded.warnings {
+                    tracing::warn!(problem = %w, "configuration warning");
+                }
+                // The socket and the pool are built once: changing them needs a restart.
+                if fresh.server.server.listen != current.server.server.listen
+                    || fresh.server.database.url != current.server.database.url
+                {
+                    tracing::warn!(
+                        "server.listen or database.url changed; they take effect after a restart"
+                    );
+                }
+                fresh.server.server = current.server.server.clone();
+                fresh.server.database = current.server.database.clone();
+                for tenant in &fresh.tenants {
+                    crate::metrics::register_tenant(&tenant.name);
+                }
+                tracing::info!(tenants = fresh.tenants.len(), "configuration reloaded");
+                self.config.store(Arc::new(fresh));
+                self.tool_access.clear();
+                crate::metrics::config_reload(true);
+                true
+            }
+            Err(problems) => {
+                for p in &problems {
+                    tracing::error!(problem = %p, "configuration reload failed; keeping the last good configuration");
+                }
+                crate::metrics::config_reload(false);
+                false
+            }
+        }
+    }
+}
+
+/// Starts watching the configuration files; the guard must live as long as the server.
+pub fn watch_config(state: &Arc<AppState>) -> Option<crate::config::watch::WatchGuard> {
+    let config = state.config.load();
+    let weak = Arc::downgrade(state);
+    let result = crate::config::watch::watch(&config.path, &config.server.tenants_dir, move || {
+        if let Some(state) = weak.upgrade() {
+            state.reload();
+        }
+    });
+    match result {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch configuration files; reload needs a restart");
+            None
+        }
     }
 }
 
@@ -107,6 +173,7 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
         let router = crate::http::router(self.state.clone());
+        let _watch = watch_config(&self.state);
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut server_stop = stop_rx.clone();
         // Small SSE chunks must leave at once, not wait for Nagle.

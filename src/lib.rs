@@ -3,12 +3,14 @@
 //! The request path: `http` (routes, tenant, errors) → `store` (session, history) →
 //! `context` (the pure rewrite pipeline) → `upstream` (forward, relay, accumulate) → `store`.
 
+pub mod access;
 pub mod app;
 pub mod config;
 pub mod context;
 pub mod conversation;
 pub mod error;
 pub mod http;
+pub mod metrics;
 pub mod telemetry;
 pub mod upstream;
 

@@ -4,6 +4,7 @@
 
 pub mod server;
 pub mod tenant;
+pub mod watch;
 mod yaml;
 
 use std::collections::HashMap;

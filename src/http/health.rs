@@ -23,3 +23,14 @@ pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Val
         Json(json!({"status": "ready", "tenants": tenants})),
     )
 }
+
+/// Prometheus text format.
+pub async fn metrics() -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(),
+    )
+}

@@ -107,12 +107,17 @@ struct AccessLog {
 
 impl AccessLog {
     fn write(&self, status: StatusCode) {
-        let upstream_ms = self.upstream.map(|(start, end)| {
-            end.unwrap_or_else(Instant::now)
-                .duration_since(start)
-                .as_secs_f64()
-                * 1000.0
-        });
+        let upstream = self
+            .upstream
+            .map(|(start, end)| end.unwrap_or_else(Instant::now).duration_since(start));
+        let upstream_ms = upstream.map(|d| d.as_secs_f64() * 1000.0);
+        crate::metrics::request(
+            self.tenant.as_deref().unwrap_or("-"),
+            self.endpoint.as_str(),
+            status.as_u16(),
+            self.started.elapsed(),
+            upstream,
+        );
         tracing::info!(
             tenant = self.tenant.as_deref().unwrap_or("-"),
             endpoint = self.endpoint.as_str(),

@@ -32,6 +32,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/{*rest}", any(passthrough::forward))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(health::metrics))
         .fallback(not_found)
         // Bodies are read by handlers with their own limit (413 in OpenAI shape) or streamed.
         .layer(DefaultBodyLimit::disable())

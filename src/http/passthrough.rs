@@ -25,6 +25,13 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
         Ok(r) => r,
         Err(e) => e.into_response(),
     };
+    crate::metrics::request(
+        tenant_name.as_deref().unwrap_or("-"),
+        "passthrough",
+        response.status().as_u16(),
+        started.elapsed(),
+        None,
+    );
     tracing::info!(
         tenant = tenant_name.as_deref().unwrap_or("-"),
         endpoint = %path,

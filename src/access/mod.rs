@@ -1,0 +1,179 @@
+//! Tool access per role (SPEC section 6): which role a request acts as, which of its tools that
+//! role may use, and the 403s for naming a forbidden tool. The allowed set is computed once per
+//! (tenant, role, tools array) and cached; a config reload clears the cache.
+
+mod role;
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde_json::Value;
+
+use crate::config::Tenant;
+use crate::error::{Error, Result};
+pub use role::resolve_role;
+
+/// The outcome of access control for one request's tools.
+#[derive(Debug)]
+pub struct Allowed {
+    /// The role in force; `None` when the tenant defines no roles (access control off).
+    pub role: Option<String>,
+    /// Indices into the request's `tools` array that survive, in order.
+    pub kept: Vec<usize>,
+    /// Names of the tools offered upstream after the cut.
+    pub offered: HashSet<String>,
+    matcher: Option<GlobSet>,
+}
+
+impl Allowed {
+    /// May this role call a tool of this name?
+    pub fn permits(&self, name: &str) -> bool {
+        self.matcher.as_ref().is_none_or(|m| m.is_match(name))
+    }
+
+    /// True when the role's rules removed something from the request's tools.
+    pub fn cut_anything(&self, total: usize) -> bool {
+        self.kept.len() != total
+    }
+}
+
+/// The name of a tool definition: `function.name` (chat), `name` (Responses), else its `type`
+/// (built-in tools such as `web_search`).
+pub fn tool_name(tool: &Value) -> Option<&str> {
+    tool.pointer("/function/name")
+        .or_else(|| tool.get("name"))
+        .or_else(|| tool.get("type"))
+        .and_then(Value::as_str)
+}
+
+type CacheKey = (String, Option<String>, u64);
+
+/// The per-process cache of allowed sets.
+#[derive(Default)]
+pub struct ToolAccess {
+    cache: Mutex<HashMap<CacheKey, Arc<Allowed>>>,
+}
+
+/// A bound on cached entries: distinct tools arrays are few in practice, but a client that
+/// sends a new one each time must not grow memory without limit.
+const CACHE_LIMIT: usize = 4096;
+
+impl ToolAccess {
+    /// The allowed set for `role` over `tools`, computed once per distinct input.
+    pub fn allowed(
+        &self,
+        tenant: &Tenant,
+        role: Option<&str>,
+        tools: &[Value],
+    ) -> Result<Arc<Allowed>> {
+        let mut hasher = DefaultHasher::new();
+        for t in tools {
+            t.to_string().hash(&mut hasher);
+        }
+        let key = (
+            tenant.name.clone(),
+            role.map(str::to_string),
+            hasher.finish(),
+        );
+        if let Some(hit) = self.cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return Ok(hit);
+        }
+        let allowed = Arc::new(compute(tenant, role, tools)?);
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= CACHE_LIMIT {
+                cache.clear();
+            }
+            cache.insert(key, allowed.clone());
+        }
+        Ok(allowed)
+    }
+
+    /// Forgets every cached set (config reload).
+    pub fn clear(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.clear();
+        }
+    }
+}
+
+fn compute(tenant: &Tenant, role: Option<&str>, tools: &[Value]) -> Result<Allowed> {
+    let matcher = match role {
+        None => None,
+        Some(role) => {
+            let globs = tenant
+                .file
+                .tools
+                .roles
+                .get(role)
+                .ok_or_else(|| Error::UnknownRole(role.to_string()))?;
+            let mut builder = GlobSetBuilder::new();
+            for g in globs {
+                let glob =
+                    Glob::new(g).map_err(|e| Error::Config(format!("tools.roles.{role}: {e}")))?;
+                builder.add(glob);
+            }
+            Some(
+                builder
+                    .build()
+                    .map_err(|e| Error::Config(format!("tools.roles.{role}: {e}")))?,
+            )
+        }
+    };
+    let mut kept = Vec::with_capacity(tools.len());
+    let mut offered = HashSet::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let name = tool_name(tool).unwrap_or_default();
+        if matcher.as_ref().is_none_or(|m| m.is_match(name)) {
+            kept.push(i);
+            offered.insert(name.to_string());
+        }
+    }
+    Ok(Allowed {
+        role: role.map(str::to_string),
+        kept,
+        offered,
+        matcher,
+    })
+}
+
+/// 403 when `tool_choice` forces a tool the role may not use (chat and Responses shapes, and
+/// `allowed_tools` lists).
+pub fn check_tool_choice(choice: Option<&Value>, allowed: &Allowed) -> Result<()> {
+    let Some(choice) = choice else {
+        return Ok(());
+    };
+    let mut names: Vec<&str> = Vec::new();
+    if let Some(n) = choice
+        .pointer("/function/name")
+        .or_else(|| choice.get("name"))
+        .and_then(Value::as_str)
+    {
+        names.push(n);
+    }
+    for t in choice
+        .get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(n) = tool_name(t) {
+            names.push(n);
+        }
+    }
+    for name in names {
+        if !allowed.permits(name) {
+            return Err(forbidden(name, "tool_choice"));
+        }
+    }
+    Ok(())
+}
+
+/// The 403 for a tool the role may not use.
+pub fn forbidden(name: &str, param: &str) -> Error {
+    Error::ToolNotAllowed {
+        message: format!("The tool '{name}' is not allowed for this role."),
+        param: Some(param.to_string()),
+    }
+}

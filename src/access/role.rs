@@ -1,0 +1,36 @@
+//! The role a request acts as: the key's role, else `x-ctxproxy-role` where the tenant trusts
+//! it, else the tenant's default role. A key's role can never be raised by the header.
+
+use axum::http::HeaderMap;
+
+use crate::config::Tenant;
+use crate::error::{Error, Result};
+
+/// The request header naming a role (honoured only with `tools.role_from_header: true`).
+pub const ROLE_HEADER: &str = "x-ctxproxy-role";
+
+/// The role for this request; `None` when the tenant defines no roles.
+pub fn resolve_role(
+    tenant: &Tenant,
+    key_role: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Option<String>> {
+    let tools = &tenant.file.tools;
+    if tools.roles.is_empty() {
+        return Ok(None);
+    }
+    let from_header = || {
+        tools
+            .role_from_header
+            .then(|| headers.get(ROLE_HEADER)?.to_str().ok())
+            .flatten()
+    };
+    let role = key_role
+        .or_else(from_header)
+        .or(tools.default_role.as_deref())
+        .ok_or_else(|| Error::UnknownRole("(none: no key role, header or default_role)".into()))?;
+    if !tools.roles.contains_key(role) {
+        return Err(Error::UnknownRole(role.to_string()));
+    }
+    Ok(Some(role.to_string()))
+}
