@@ -23,7 +23,7 @@
 //! - `x-mock-chunk-delay-ms: N` — streams: wait N ms between events.
 //!
 //! # Inspection and scripting (not under `/v1/`, never recorded)
-//! - `GET /_mock/requests` — every request received, oldest first (the last 10,000; none with
+//! - `GET /_mock/requests` — every `/v1/` request received, oldest first (the last 10,000; none with
 //!   `--no-record`): `[{"method", "path", "query", "headers", "body"}]`, body as JSON when it parses,
 //!   else as text. `DELETE /_mock/requests` clears them. [`MockHandle::requests`] gives the same.
 //! - `POST /_mock/script` with `[{"match": "...", "status": 200, "content": "..."}]` — a chat or
