@@ -1,0 +1,132 @@
+//! What the mock answers, independent of the API shape: the default `ok: N messages` text, the
+//! `call <tool> <json>` trigger, scripted replies, and the token counts reported as usage.
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::MockState;
+
+/// The content of one reply: text, or a single tool call.
+#[derive(Debug, Clone)]
+pub(crate) enum Answer {
+    Text(String),
+    ToolCall { name: String, arguments: String },
+}
+
+impl Answer {
+    /// A small, stable completion token count: about chars / 4, at least 1.
+    pub fn completion_tokens(&self) -> u64 {
+        let chars = match self {
+            Answer::Text(text) => text.chars().count(),
+            Answer::ToolCall { name, arguments } => {
+                name.chars().count() + arguments.chars().count()
+            }
+        };
+        (chars as u64).div_ceil(4).max(1)
+    }
+}
+
+/// Decides the answer for a request with `count` messages/items whose last user text (if the last
+/// message is a user one) is `last_user`. A scripted entry matching `body` takes precedence; a
+/// non-2xx one becomes an error (status and message) for the caller to answer with.
+pub(crate) fn decide(
+    state: &MockState,
+    body: &[u8],
+    count: usize,
+    last_user: Option<&str>,
+) -> Result<Answer, (StatusCode, String)> {
+    if let Some(entry) = state.inner.script.find(body) {
+        let status = StatusCode::from_u16(entry.status).unwrap_or(StatusCode::OK);
+        if !status.is_success() {
+            return Err((status, entry.content));
+        }
+        return Ok(Answer::Text(entry.content));
+    }
+    if let Some((name, arguments)) = last_user.and_then(parse_call) {
+        return Ok(Answer::ToolCall { name, arguments });
+    }
+    // Always "messages", even for 1: SPEC 9 fixes the text and tests match it literally.
+    Ok(Answer::Text(format!("ok: {count} messages")))
+}
+
+/// `call get_weather {"city": "Tokyo"}` → (`get_weather`, `{"city": "Tokyo"}`): the tool name and
+/// the argument text exactly as written, provided it is a JSON object.
+pub(crate) fn parse_call(text: &str) -> Option<(String, String)> {
+    let rest = text.strip_prefix("call ")?.trim_start();
+    let end = rest.find(|c: char| c.is_whitespace() || c == '{')?;
+    let (name, args) = rest.split_at(end);
+    let args = args.trim();
+    if name.is_empty() || !args.starts_with('{') {
+        return None;
+    }
+    match serde_json::from_str::<Value>(args) {
+        Ok(Value::Object(_)) => Some((name.to_owned(), args.to_owned())),
+        _ => None,
+    }
+}
+
+/// The text of a message `content`: a string, or the `text` of its text parts joined.
+pub(crate) fn content_text(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<String>(),
+        ),
+        _ => None,
+    }
+}
+
+/// SPEC 9: prompt tokens are the characters of the request body / 4.
+pub(crate) fn prompt_tokens(body: &[u8]) -> u64 {
+    let chars = match std::str::from_utf8(body) {
+        Ok(s) => s.chars().count(),
+        Err(_) => body.len(),
+    };
+    chars as u64 / 4
+}
+
+/// Cuts `s` into exactly 4 pieces at character boundaries (some empty if `s` is very short), so
+/// every stream has the same, predictable number of content events.
+pub(crate) fn split4(s: &str) -> [&str; 4] {
+    let chars = s.chars().count();
+    let at = |k: usize| {
+        let n = chars * k / 4;
+        s.char_indices().nth(n).map_or(s.len(), |(i, _)| i)
+    };
+    let (a, b, c) = (at(1), at(2), at(3));
+    [&s[..a], &s[a..b], &s[b..c], &s[c..]]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_trigger_keeps_argument_text() {
+        let got = parse_call(r#"call get_weather {"city": "Tokyo"}"#);
+        assert_eq!(
+            got,
+            Some(("get_weather".into(), r#"{"city": "Tokyo"}"#.into()))
+        );
+    }
+
+    #[test]
+    fn call_trigger_needs_a_json_object() {
+        assert_eq!(parse_call("call get_weather please"), None);
+        assert_eq!(parse_call("call get_weather [1]"), None);
+        assert_eq!(parse_call("calling get_weather {}"), None);
+        assert_eq!(parse_call("call {}"), None);
+    }
+
+    #[test]
+    fn split4_rejoins_to_the_original() {
+        for s in ["ok: 3 messages", "{}", "", "héllo wörld"] {
+            let parts = split4(s);
+            assert_eq!(parts.concat(), s);
+        }
+        assert!(split4("ok: 3 messages").iter().all(|p| !p.is_empty()));
+    }
+}
