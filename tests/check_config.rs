@@ -1,0 +1,100 @@
+//! `ctxproxy check-config` (SPEC section 1): every problem with its file and key path, exit 1;
+//! a clean configuration exits 0 with a summary.
+
+use std::process::Command;
+
+fn write(dir: &std::path::Path, tenants: &[(&str, &str)]) -> std::path::PathBuf {
+    let tdir = dir.join("tenants");
+    std::fs::create_dir_all(&tdir).unwrap();
+    for (name, yaml) in tenants {
+        std::fs::write(tdir.join(format!("{name}.yaml")), yaml).unwrap();
+    }
+    let server = dir.join("ctxproxy.yaml");
+    std::fs::write(&server, format!("tenants_dir: {}\n", tdir.display())).unwrap();
+    server
+}
+
+fn check(server: &std::path::Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["check-config", "--config"])
+        .arg(server)
+        .env_remove("CTXPROXY_UPSTREAM_URL")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn misspelt_key_in_a_tenant_file_names_file_and_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\npolicy:\n  tool_call_window:\n    max: 3\n    unti: call\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("tenants/acme.yaml: policy.tool_call_window"),
+        "{out}"
+    );
+    assert!(out.contains("unti"), "{out}");
+}
+
+#[test]
+fn wrong_type_names_the_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\npolicy:\n  token_budget:\n    max_tokens: lots\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("tenants/acme.yaml: policy.token_budget.max_tokens"),
+        "{out}"
+    );
+}
+
+#[test]
+fn every_problem_is_reported_including_shared_keys_and_two_any_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\nupstream:\n  api_key_env: HOME\n";
+    let server = write(
+        dir.path(),
+        &[
+            ("a", "keys: any\n"),
+            ("b", "keys: any\n"),
+            ("c", key),
+            ("d", key),
+            ("e", "keys: any\nsession:\n  histroy: server\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("tenants/b.yaml: keys"), "{out}");
+    assert!(out.contains("tenants/d.yaml: keys[0].sha256"), "{out}");
+    assert!(out.contains("tenants/e.yaml: session"), "{out}");
+}
+
+#[test]
+fn shipped_config_is_valid() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .current_dir(root)
+        .args(["check-config"])
+        .env_remove("CTXPROXY_CONFIG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("ok: "), "{stdout}");
+}

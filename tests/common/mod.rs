@@ -1,0 +1,184 @@
+//! Test harness: a real ctxproxy server on a random port (in-process, over real HTTP), with its
+//! own config folder and SQLite file, in front of the in-process mock upstream.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ctxproxy::app::{AppState, Server, load_config};
+use ctxproxy::mock_upstream::{self, MockHandle};
+use tokio::sync::oneshot;
+
+/// A running proxy and the folder holding its configuration.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub state: Arc<AppState>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// What to start a proxy with.
+pub struct ProxyOptions {
+    /// (tenant name, tenant YAML); `{upstream}` is replaced by the mock's base URL.
+    pub tenants: Vec<(String, String)>,
+    /// Extra top-level YAML for the server file (e.g. `models:` or `defaults:`).
+    pub server_extra: String,
+    pub max_body_bytes: usize,
+    /// `None`: a fresh SQLite file in the temp folder.
+    pub database_url: Option<String>,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        ProxyOptions {
+            tenants: vec![(
+                "default".into(),
+                "keys: any\nupstream:\n  base_url: {upstream}\n".into(),
+            )],
+            server_extra: String::new(),
+            max_body_bytes: 32 * 1024 * 1024,
+            database_url: None,
+        }
+    }
+}
+
+impl ProxyOptions {
+    pub fn tenant(mut self, name: &str, yaml: &str) -> Self {
+        self.tenants.retain(|(n, _)| n != name);
+        self.tenants.push((name.into(), yaml.into()));
+        self
+    }
+
+    pub fn only_tenant(mut self, name: &str, yaml: &str) -> Self {
+        self.tenants.clear();
+        self.tenants.push((name.into(), yaml.into()));
+        self
+    }
+}
+
+/// Writes a config folder for `opts` pointing tenants at `upstream`; returns the server file.
+pub fn write_config(dir: &Path, opts: &ProxyOptions, upstream: &str) -> PathBuf {
+    let tenants = dir.join("tenants");
+    std::fs::create_dir_all(&tenants).unwrap();
+    for (name, yaml) in &opts.tenants {
+        std::fs::write(
+            tenants.join(format!("{name}.yaml")),
+            yaml.replace("{upstream}", upstream),
+        )
+        .unwrap();
+    }
+    let db = opts
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("ctxproxy.db").display()));
+    let server = format!(
+        "server:\n  listen: 127.0.0.1:0\n  max_body_bytes: {}\n  shutdown_grace_s: 5\ndatabase:\n  url: \"{}\"\n  max_connections: 8\ntenants_dir: {}\n{}\n",
+        opts.max_body_bytes,
+        db,
+        tenants.display(),
+        opts.server_extra
+    );
+    let path = dir.join("ctxproxy.yaml");
+    std::fs::write(&path, server).unwrap();
+    path
+}
+
+impl Proxy {
+    /// Starts a proxy with `opts` in front of `upstream` (a base URL such as the mock's).
+    pub async fn start(opts: ProxyOptions, upstream: &str) -> Proxy {
+        ctxproxy::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_config(dir.path(), &opts, upstream);
+        let config = load_config(&path).expect("test config loads");
+        let server = Server::bind(config, None).await.expect("proxy binds");
+        let addr = server.local_addr().unwrap();
+        let state = server.state();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _ = server
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Proxy {
+            addr,
+            dir,
+            state,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// `http://addr/v1`, what a client uses as its base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Stops the server and waits for it (in-flight requests get the grace period).
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+/// A mock upstream plus a proxy in front of it.
+pub async fn proxy_and_mock(opts: ProxyOptions) -> (Proxy, MockHandle) {
+    let mock = mock_upstream::spawn(std::time::Duration::ZERO).await;
+    let proxy = Proxy::start(opts, &mock.base_url()).await;
+    (proxy, mock)
+}
+
+/// A plain HTTP client for tests.
+pub fn client() -> reqwest::Client {
+    ctxproxy::install_crypto_provider();
+    reqwest::Client::builder().build().unwrap()
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|ev| {
+            ev.lines()
+                .find_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        })
+        .collect()
+}
+
+/// The text of a chat stream: every `delta.content` joined.
+pub fn chat_stream_text(body: &str) -> String {
+    sse_data(body)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v.pointer("/choices/0/delta/content")
+                .and_then(|c| c.as_str())
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Asserts an OpenAI-shaped error body and returns it.
+pub fn assert_openai_error(body: &serde_json::Value) -> &serde_json::Value {
+    let err = body.get("error").expect("an `error` object");
+    assert!(
+        err.get("message").and_then(|m| m.as_str()).is_some(),
+        "{body}"
+    );
+    assert!(err.get("type").and_then(|m| m.as_str()).is_some(), "{body}");
+    assert!(err.get("param").is_some(), "{body}");
+    assert!(err.get("code").is_some(), "{body}");
+    err
+}

@@ -1,0 +1,379 @@
+//! End-to-end: the transparent proxy (SPEC sections 2, 3) between a real HTTP client and the
+//! mock upstream: managed routes plain and streamed, pass-through, auth, and every error shape.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const KEYED: &str = "keys:\n  - sha256: {hash}\nupstream:\n  base_url: {upstream}\n  api_key_env: CTXPROXY_E2E_UPSTREAM_KEY\n";
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+#[tokio::test]
+async fn chat_completion_round_trip_keeps_unknown_fields() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let body = json!({
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hello", "x_custom": {"a": [1, 2]}}],
+        "temperature": 0.2,
+        "some_future_field": {"nested": true}
+    });
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth("sk-client")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().contains_key("x-ctxproxy-request-id"));
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "ok: 1 messages");
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body_json().unwrap(),
+        body,
+        "upstream got the body unchanged"
+    );
+    assert_eq!(seen[0].header("authorization"), Some("Bearer sk-client"));
+}
+
+#[tokio::test]
+async fn chat_completion_streams_every_chunk() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = resp.text().await.unwrap();
+    assert_eq!(chat_stream_text(&text), "ok: 1 messages");
+    assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
+}
+
+#[tokio::test]
+async fn responses_plain_and_streamed() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    let plain: Value = http
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": "hello", "store": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain["object"], "response");
+    assert_eq!(plain["output"][0]["content"][0]["text"], "ok: 1 messages");
+    assert_eq!(mock.requests()[0].body_json().unwrap()["store"], false);
+
+    let streamed = http
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<Value> = sse_data(&streamed)
+        .iter()
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deltas, "ok: 2 messages");
+    assert_eq!(events.last().unwrap()["type"], "response.completed");
+}
+
+#[tokio::test]
+async fn passthrough_keeps_method_path_query_headers_and_body() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    let models: Value = http
+        .get(format!("{}/models?limit=2&order=asc", proxy.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["query"], "limit=2&order=asc");
+
+    let echo: Value = http
+        .put(format!("{}/files/abc?purpose=x%20y", proxy.base_url()))
+        .header("x-unknown-header", "kept")
+        .header("x-ctxproxy-history", "server")
+        .body("raw body bytes")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(echo["method"], "PUT");
+    assert_eq!(echo["path"], "/v1/files/abc");
+    assert_eq!(echo["query"], "purpose=x%20y");
+    assert_eq!(echo["headers"]["x-unknown-header"], "kept");
+    assert!(echo["headers"].get("x-ctxproxy-history").is_none());
+    assert_eq!(echo["body"], "raw body bytes");
+    assert_eq!(mock.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn keyed_tenant_swaps_in_its_upstream_key() {
+    // SAFETY: set once before any request reads it; the variable is used by this test only.
+    unsafe { std::env::set_var("CTXPROXY_E2E_UPSTREAM_KEY", "sk-upstream-secret") };
+    let opts = ProxyOptions::default().only_tenant(
+        "acme",
+        &KEYED.replace("{hash}", &sha256_hex("sk-proxy-acme")),
+    );
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let http = client();
+    let ok = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth("sk-proxy-acme")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let models = http
+        .get(format!("{}/models", proxy.base_url()))
+        .bearer_auth("sk-proxy-acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+    for r in mock.requests() {
+        assert_eq!(r.header("authorization"), Some("Bearer sk-upstream-secret"));
+    }
+
+    let denied = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth("sk-wrong")
+        .json(&json!({"model": "m", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+    let body: Value = denied.json().await.unwrap();
+    let err = assert_openai_error(&body);
+    assert_eq!(err["type"], "authentication_error");
+    assert_eq!(err["code"], "invalid_api_key");
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "a denied request never reaches the upstream"
+    );
+}
+
+#[tokio::test]
+async fn malformed_bodies_get_openai_shaped_400s() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    for (body, param) in [
+        ("{not json", Value::Null),
+        (r#"{"messages": []}"#, json!("model")),
+        (r#"{"model": "m"}"#, json!("messages")),
+        (r#"{"model": "m", "messages": "nope"}"#, json!("messages")),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "tool_calls": 3}]}"#,
+            json!("messages[0].tool_calls"),
+        ),
+    ] {
+        let resp = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{body}");
+        let v: Value = resp.json().await.unwrap();
+        let err = assert_openai_error(&v);
+        assert_eq!(err["type"], "invalid_request_error");
+        assert_eq!(err["param"], param, "{body}");
+    }
+    let resp = http
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "input");
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn oversized_body_is_413() {
+    let opts = ProxyOptions {
+        max_body_bytes: 1024,
+        ..Default::default()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let big = "x".repeat(4096);
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": big}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "request_too_large");
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn upstream_down_is_502() {
+    // A port that was just free: nothing listens there.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/v1", free.local_addr().unwrap());
+    drop(free);
+    let proxy = Proxy::start(ProxyOptions::default(), &dead).await;
+    for stream in [false, true] {
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 502);
+        let v: Value = resp.json().await.unwrap();
+        let err = assert_openai_error(&v);
+        assert_eq!(err["type"], "upstream_error");
+        assert_eq!(err["code"], "upstream_unreachable");
+    }
+}
+
+#[tokio::test]
+async fn upstream_timeout_is_504() {
+    let opts = ProxyOptions::default().only_tenant(
+        "default",
+        "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 1\n",
+    );
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-mock-delay-ms", "5000")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "upstream_timeout");
+}
+
+#[tokio::test]
+async fn stalled_stream_ends_with_an_error_event() {
+    let opts = ProxyOptions::default().only_tenant(
+        "default",
+        "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 1\n",
+    );
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-mock-hold-ms", "5000")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    let data = sse_data(&text);
+    assert!(data.len() >= 2, "{text}");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_timeout", "{text}");
+}
+
+#[tokio::test]
+async fn upstream_429_is_passed_through_unchanged() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-mock-status", "429")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["message"], "mock error");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+}
+
+#[tokio::test]
+async fn first_sse_chunk_arrives_before_the_upstream_finishes() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    // The mock sends its first event, then holds the stream open for a minute. Buffering
+    // anywhere in the proxy would keep that first event from us until the hold ends.
+    let mut resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-mock-hold-ms", "60000")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), resp.chunk())
+        .await
+        .expect("the first chunk arrives while the upstream still holds the stream")
+        .unwrap()
+        .unwrap();
+    let first = String::from_utf8_lossy(&first);
+    assert!(first.starts_with("data: "), "{first}");
+    assert!(!first.contains("[DONE]"), "{first}");
+}
+
+#[tokio::test]
+async fn health_and_unknown_routes() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    assert_eq!(
+        http.get(proxy.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        http.get(proxy.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let resp = http.get(proxy.url("/nowhere")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.unwrap();
+    assert_openai_error(&v);
+}
