@@ -377,3 +377,24 @@ async fn health_and_unknown_routes() {
     let v: Value = resp.json().await.unwrap();
     assert_openai_error(&v);
 }
+
+#[tokio::test]
+async fn shutdown_lets_an_in_flight_stream_finish() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let mut resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-mock-chunk-delay-ms", "200")
+        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let first = resp.chunk().await.unwrap().unwrap();
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let mut rest = String::from_utf8_lossy(&first).into_owned();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(chat_stream_text(&rest), "ok: 1 messages");
+    assert!(rest.contains("[DONE]"));
+    shutdown.await.unwrap();
+}
