@@ -1,0 +1,5 @@
+//! Helpers shared by integration tests.
+
+#![allow(dead_code)]
+
+pub mod pg;
