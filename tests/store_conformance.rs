@@ -4,9 +4,12 @@
 
 #[path = "store_conformance/admin.rs"]
 mod admin;
-mod common;
+// Included by path (not `mod common;`) so this suite does not depend on, or collide with, the
+// HTTP harness in tests/common/mod.rs; that file may `pub mod pg;` to share the helper.
 #[path = "store_conformance/leases.rs"]
 mod leases;
+#[path = "common/pg.rs"]
+mod pg;
 #[path = "store_conformance/tree.rs"]
 mod tree;
 
@@ -20,7 +23,7 @@ pub struct Fixture {
     pub store: Arc<dyn Store>,
     pub url: String,
     _dir: Option<tempfile::TempDir>,
-    _pg: Option<common::pg::PgTestDb>,
+    _pg: Option<pg::PgTestDb>,
 }
 
 impl Fixture {
@@ -39,7 +42,7 @@ impl Fixture {
     }
 
     async fn postgres() -> Option<Fixture> {
-        let db = common::pg::PgTestDb::create().await?;
+        let db = pg::PgTestDb::create().await?;
         let store = store::connect(&db.url, 4).await.expect("connect postgres");
         store.migrate().await.expect("migrate");
         Some(Fixture {

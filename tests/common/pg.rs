@@ -1,6 +1,10 @@
-//! A fresh PostgreSQL database per test. The server comes from `CTXPROXY_TEST_PG_URL` (an admin
-//! connection able to CREATE DATABASE); unset means "skip with a note", except under `CI=true`,
-//! where a missing database must fail the run rather than silently test less.
+//! A fresh PostgreSQL database per test. The server comes from `CTXPROXY_TEST_PG_URL`; databases
+//! are created through `CTXPROXY_TEST_PG_ADMIN_URL` when set (as `.ci/run` does), else through
+//! `CTXPROXY_TEST_PG_URL` itself (it must then be allowed to CREATE DATABASE). Unset means "skip
+//! with a note", except under `CI=true`, where a missing database must fail the run rather than
+//! silently test less.
+
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,9 +15,10 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// The admin URL, or `None` (after a printed note) when PostgreSQL tests are to be skipped.
 pub fn admin_url() -> Option<String> {
-    match std::env::var("CTXPROXY_TEST_PG_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    match var("CTXPROXY_TEST_PG_URL") {
+        Some(url) => Some(var("CTXPROXY_TEST_PG_ADMIN_URL").unwrap_or(url)),
+        None => {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("CTXPROXY_TEST_PG_URL must be set when CI=true");
             }

@@ -201,7 +201,7 @@ pub async fn lost_database_is_store_unavailable(fx: &Fixture) {
 
 async fn drop_database(url: &str) {
     use sqlx::Connection;
-    let admin = std::env::var("CTXPROXY_TEST_PG_URL").unwrap();
+    let admin = super::pg::admin_url().unwrap();
     let name = url
         .rsplit('/')
         .next()

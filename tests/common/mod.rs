@@ -1,5 +1,0 @@
-//! Helpers shared by integration tests.
-
-#![allow(dead_code)]
-
-pub mod pg;
