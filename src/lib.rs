@@ -12,6 +12,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod mock_upstream;
+pub mod store;
 pub mod telemetry;
 pub mod upstream;
 

@@ -1,0 +1,249 @@
+//! The conversation store: sessions, the message tree, request records, summaries, response ids
+//! and the leases that serialise work on a session. One object-safe trait, [`Store`], with two
+//! backends that each speak their own SQL (`sqlite.rs`, `postgres.rs`); [`connect`] picks one by
+//! URL scheme. The conformance suite in `tests/store_conformance.rs` runs against both.
+//!
+//! The conversation is a tree of messages keyed by their chained ids
+//! (`conversation::identity`): since an id hashes its whole prefix, "this id is stored in that
+//! session" means "that whole prefix is stored there", which is what auto matching relies on.
+
+mod lease;
+mod migrations;
+mod postgres;
+mod sqlite;
+mod time;
+mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+pub use time::Timestamp;
+pub use types::{
+    Appended, Branch, DEFAULT_LOCK_WAIT, Lease, NewMessage, NewRequestRecord, NewSummary, Origin,
+    PrefixMatch, RequestRecord, ResponseRef, Scope, Session, SessionDetail, SessionPage,
+    SessionQuery, StoredMessage, Summary,
+};
+
+use crate::conversation::MessageId;
+use crate::{Error, Result};
+
+/// Opens the store named by `url`: `sqlite://path?mode=rwc` (file and parent directory are
+/// created; WAL, `synchronous=NORMAL`, a busy timeout and foreign keys are switched on) or
+/// `postgres://…` / `postgresql://…`. Does not migrate: call [`Store::migrate`].
+pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url, max_connections).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(
+            PostgresStore::connect(url, max_connections).await?,
+        ))
+    } else {
+        Err(Error::Config(format!(
+            "database.url: unsupported scheme in '{}' (expected sqlite:// or postgres://)",
+            url.split("://").next().unwrap_or(url)
+        )))
+    }
+}
+
+/// Everything the proxy keeps. All methods are scoped by tenant: session ids are only ever
+/// compared within one tenant. Database failures come back as `Error::StoreUnavailable`.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// `"sqlite"` or `"postgres"`.
+    fn backend(&self) -> &'static str;
+
+    /// Applies the pending embedded migrations in order (idempotent; safe to run from several
+    /// processes at once: they serialise on a row of the migrations table).
+    async fn migrate(&self) -> Result<()>;
+
+    /// Readiness: one round trip to the database.
+    async fn ping(&self) -> Result<()>;
+
+    /// Closes the pool; later calls fail with `StoreUnavailable`.
+    async fn close(&self);
+
+    /// Returns the session, creating it with `scope` and created = updated = now if absent.
+    /// The scope of an existing session is left as it was recorded.
+    async fn get_or_create_session(
+        &self,
+        tenant: &str,
+        session: &str,
+        scope: &Scope,
+    ) -> Result<Session>;
+
+    /// The session, if it exists.
+    async fn get_session(&self, tenant: &str, session: &str) -> Result<Option<Session>>;
+
+    /// Takes the session's lease for `ttl`, waiting (polling with backoff, woken at once by
+    /// releases in this process) up to `wait`; then `StoreUnavailable`. An expired lease is taken
+    /// over. The session must exist (`NotFound` otherwise). No connection is held while the
+    /// lease is: release it with [`Store::unlock_session`], renew it for long upstream calls.
+    async fn lock_session(
+        &self,
+        tenant: &str,
+        session: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease>;
+
+    /// Extends a held lease to now + `ttl`. `Ok(None)`: it was lost (expired and taken over).
+    async fn renew_session_lease(&self, lease: &Lease, ttl: Duration) -> Result<Option<Lease>>;
+
+    /// Releases the lease if this owner still holds it (otherwise a no-op).
+    async fn unlock_session(&self, lease: &Lease) -> Result<()>;
+
+    /// Appends `messages` as a chain under `parent` (`None`: as a root). Idempotent: ids already
+    /// stored are skipped; the result says, in order, which were new and each one's seq.
+    /// Appending under a branch's leaf extends that branch; under an inner node (or as another
+    /// root) it starts a new branch. The head moves to the last message when anything new was
+    /// stored, or when the last message is an existing leaf (the client went back to that
+    /// branch); `updated_at` is bumped when anything changed. `parent` must be stored in the
+    /// session (`NotFound` otherwise).
+    async fn append_messages(
+        &self,
+        tenant: &str,
+        session: &str,
+        parent: Option<MessageId>,
+        messages: &[NewMessage],
+    ) -> Result<Vec<Appended>>;
+
+    /// The head branch, root first (empty for a new session).
+    async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>>;
+
+    /// The path from the root to `message` (a branch when `message` is a leaf), root first;
+    /// empty if the message is not stored in the session.
+    async fn load_path(
+        &self,
+        tenant: &str,
+        session: &str,
+        message: MessageId,
+    ) -> Result<Vec<StoredMessage>>;
+
+    /// Every branch (one per leaf), most recently written first.
+    async fn list_branches(&self, tenant: &str, session: &str) -> Result<Vec<Branch>>;
+
+    /// Auto matching: among the tenant's sessions with exactly this `scope`, the one whose
+    /// stored messages cover the longest prefix of `ids` (the chained ids of the incoming
+    /// conversation), counting only prefixes that contain a stored reply (origin `reply`).
+    /// Ties go to the most recently updated session. One indexed query per 500 ids.
+    async fn find_session_by_prefix(
+        &self,
+        tenant: &str,
+        scope: &Scope,
+        ids: &[MessageId],
+    ) -> Result<Option<PrefixMatch>>;
+
+    /// Stores one request record; the session must exist.
+    async fn insert_request(&self, record: &NewRequestRecord) -> Result<RequestRecord>;
+
+    /// The session's request records, oldest first.
+    async fn list_requests(&self, tenant: &str, session: &str) -> Result<Vec<RequestRecord>>;
+
+    /// Sessions, most recently updated first, keyset-paginated by the opaque `next` cursor.
+    async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage>;
+
+    /// Deletes the session and everything stored for it. `false`: there was no such session.
+    async fn delete_session(&self, tenant: &str, session: &str) -> Result<bool>;
+
+    /// Stores a summary (all are kept, as history).
+    async fn insert_summary(
+        &self,
+        tenant: &str,
+        session: &str,
+        summary: &NewSummary,
+    ) -> Result<Summary>;
+
+    /// The summary that covers most of the branch ending at `leaf` (`None`: the head branch),
+    /// newest first among equals: one whose anchor lies on that path.
+    async fn latest_summary(
+        &self,
+        tenant: &str,
+        session: &str,
+        leaf: Option<MessageId>,
+    ) -> Result<Option<Summary>>;
+
+    /// All summaries of the session, oldest first.
+    async fn list_summaries(&self, tenant: &str, session: &str) -> Result<Vec<Summary>>;
+
+    /// Tries to take the session's summary lease for `ttl` (taking over an expired one).
+    /// `None`: another owner holds it. Never waits.
+    async fn try_lock_summary(
+        &self,
+        tenant: &str,
+        session: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>>;
+
+    /// Releases the summary lease if this owner still holds it.
+    async fn unlock_summary(&self, lease: &Lease) -> Result<()>;
+
+    /// Records that Responses API `response_id` ended with `message` as head of `session`
+    /// (replacing an earlier record of the same id).
+    async fn record_response(
+        &self,
+        tenant: &str,
+        response_id: &str,
+        session: &str,
+        message: MessageId,
+    ) -> Result<()>;
+
+    /// Looks a response id up within the tenant.
+    async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>>;
+
+    /// The admin view of a session: the row, its branches and the head's latest summary.
+    async fn session_detail(&self, tenant: &str, session: &str) -> Result<Option<SessionDetail>> {
+        let Some(session_row) = self.get_session(tenant, session).await? else {
+            return Ok(None);
+        };
+        let branches = self.list_branches(tenant, session).await?;
+        let summary = self.latest_summary(tenant, session, None).await?;
+        Ok(Some(SessionDetail {
+            session: session_row,
+            branches,
+            summary,
+        }))
+    }
+}
+
+/// Keyset cursor for the session list: the last row's (updated_at, tenant, id), hex-encoded so
+/// it is opaque and URL-safe.
+pub(crate) fn encode_cursor(s: &Session) -> String {
+    hex::encode(format!("{}\n{}\n{}", s.updated_at.millis(), s.tenant, s.id))
+}
+
+/// Inverse of [`encode_cursor`]; a malformed cursor is the client's error.
+pub(crate) fn decode_cursor(cursor: &str) -> Result<(i64, String, String)> {
+    let bad = || Error::invalid("invalid pagination cursor", Some("after".to_string()));
+    let text = String::from_utf8(hex::decode(cursor).map_err(|_| bad())?).map_err(|_| bad())?;
+    let mut parts = text.splitn(3, '\n');
+    let (Some(ms), Some(tenant), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad());
+    };
+    Ok((
+        ms.parse().map_err(|_| bad())?,
+        tenant.to_string(),
+        id.to_string(),
+    ))
+}
+
+/// The page size actually used.
+pub(crate) fn clamp_limit(limit: u32) -> i64 {
+    i64::from(limit.clamp(1, 1000))
+}
+
+/// The head after an append (see [`Store::append_messages`]).
+pub(crate) fn next_head(
+    current: Option<MessageId>,
+    last: Option<MessageId>,
+    any_new: bool,
+    last_is_leaf: bool,
+) -> Option<MessageId> {
+    match last {
+        Some(last) if any_new || last_is_leaf => Some(last),
+        _ => current,
+    }
+}

@@ -1,0 +1,253 @@
+//! The message tree on PostgreSQL: appending chains, walking a path up from a leaf, listing the
+//! leaves (branches), and the prefix lookup behind auto session matching.
+
+use std::collections::HashMap;
+
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgRow};
+
+use super::super::next_head;
+use super::super::time::Timestamp;
+use super::super::types::*;
+use crate::conversation::MessageId;
+use crate::{Error, Result};
+
+pub(super) async fn append(
+    pool: &PgPool,
+    tenant: &str,
+    session: &str,
+    parent: Option<MessageId>,
+    messages: &[NewMessage],
+) -> Result<Vec<Appended>> {
+    let mut tx = pool.begin().await?;
+    // The row lock orders concurrent appends to one session for this short transaction.
+    let head: Option<Option<Vec<u8>>> =
+        sqlx::query_scalar("SELECT head_id FROM sessions WHERE tenant = $1 AND id = $2 FOR UPDATE")
+            .bind(tenant)
+            .bind(session)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(head) = head else {
+        return Err(Error::NotFound(format!("session '{session}' not found")));
+    };
+    let head = head.as_deref().map(id_from_bytes).transpose()?;
+
+    let (mut seq, mut reply_seen) = match &parent {
+        None => (0, false),
+        Some(p) => {
+            let row: Option<(i64, bool)> = sqlx::query_as(
+                "SELECT seq, reply_in_prefix FROM messages \
+                 WHERE tenant = $1 AND session_id = $2 AND id = $3",
+            )
+            .bind(tenant)
+            .bind(session)
+            .bind(p.0.to_vec())
+            .fetch_optional(&mut *tx)
+            .await?;
+            let (s, r) = row.ok_or_else(|| {
+                Error::NotFound(format!("parent message {p} not in session '{session}'"))
+            })?;
+            (s + 1, r)
+        }
+    };
+
+    // One lookup for what is already stored, so a resent history costs one query, not N.
+    let wanted: Vec<Vec<u8>> = messages.iter().map(|m| m.id.0.to_vec()).collect();
+    let mut existing: HashMap<MessageId, bool> = HashMap::new();
+    let rows = sqlx::query(
+        "SELECT id, reply_in_prefix FROM messages \
+         WHERE tenant = $1 AND session_id = $2 AND id = ANY($3)",
+    )
+    .bind(tenant)
+    .bind(session)
+    .bind(wanted)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in rows {
+        let id: Vec<u8> = row.try_get("id")?;
+        existing.insert(id_from_bytes(&id)?, row.try_get("reply_in_prefix")?);
+    }
+
+    let now = Timestamp::now().millis();
+    let mut out = Vec::with_capacity(messages.len());
+    let mut prev = parent;
+    for m in messages {
+        let new = match existing.get(&m.id) {
+            Some(flag) => {
+                reply_seen = *flag;
+                false
+            }
+            None => {
+                reply_seen = reply_seen || m.origin == Origin::Reply;
+                let body = serde_json::to_string(&m.body)
+                    .map_err(|e| Error::Internal(format!("message body: {e}")))?;
+                let done = sqlx::query(
+                    "INSERT INTO messages (tenant, session_id, id, parent_id, seq, origin, \
+                     reply_in_prefix, body, created_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::json, $9) \
+                     ON CONFLICT (tenant, session_id, id) DO NOTHING",
+                )
+                .bind(tenant)
+                .bind(session)
+                .bind(m.id.0.to_vec())
+                .bind(prev.map(|p| p.0.to_vec()))
+                .bind(seq)
+                .bind(m.origin.as_str())
+                .bind(reply_seen)
+                .bind(body)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                done.rows_affected() == 1
+            }
+        };
+        out.push(Appended { id: m.id, seq, new });
+        prev = Some(m.id);
+        seq += 1;
+    }
+
+    let any_new = out.iter().any(|a| a.new);
+    let last = prev;
+    let last_is_leaf = match (&last, any_new) {
+        (Some(last), false) => {
+            let child: Option<i32> = sqlx::query_scalar(
+                "SELECT 1 FROM messages WHERE tenant = $1 AND session_id = $2 \
+                 AND parent_id = $3 LIMIT 1",
+            )
+            .bind(tenant)
+            .bind(session)
+            .bind(last.0.to_vec())
+            .fetch_optional(&mut *tx)
+            .await?;
+            child.is_none()
+        }
+        _ => true,
+    };
+    let new_head = next_head(head, last, any_new, last_is_leaf);
+    if any_new || new_head != head {
+        sqlx::query(
+            "UPDATE sessions SET head_id = $1, updated_at = $2 WHERE tenant = $3 AND id = $4",
+        )
+        .bind(new_head.map(|h| h.0.to_vec()))
+        .bind(now)
+        .bind(tenant)
+        .bind(session)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
+/// The path ending at `leaf` (`None`: the session's head), root first.
+pub(super) async fn path(
+    pool: &PgPool,
+    tenant: &str,
+    session: &str,
+    leaf: Option<MessageId>,
+) -> Result<Vec<StoredMessage>> {
+    const START_AT_HEAD: &str = "id = (SELECT head_id FROM sessions WHERE tenant = $1 AND id = $2)";
+    const START_AT_ID: &str = "id = $3";
+    let start = if leaf.is_some() {
+        START_AT_ID
+    } else {
+        START_AT_HEAD
+    };
+    let sql = format!(
+        "WITH RECURSIVE path (id, parent_id, seq, origin, body, created_at) AS ( \
+           SELECT id, parent_id, seq, origin, body::text, created_at FROM messages \
+           WHERE tenant = $1 AND session_id = $2 AND {start} \
+           UNION ALL \
+           SELECT m.id, m.parent_id, m.seq, m.origin, m.body::text, m.created_at \
+           FROM messages m JOIN path p ON m.id = p.parent_id \
+           WHERE m.tenant = $1 AND m.session_id = $2) \
+         SELECT id, parent_id, seq, origin, body, created_at FROM path ORDER BY seq"
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(tenant)
+        .bind(session);
+    if let Some(leaf) = leaf {
+        q = q.bind(leaf.0.to_vec());
+    }
+    q.fetch_all(pool)
+        .await?
+        .iter()
+        .map(message_from_row)
+        .collect()
+}
+
+fn message_from_row(row: &PgRow) -> Result<StoredMessage> {
+    let id: Vec<u8> = row.try_get("id")?;
+    let parent: Option<Vec<u8>> = row.try_get("parent_id")?;
+    let origin: String = row.try_get("origin")?;
+    let body: String = row.try_get("body")?;
+    Ok(StoredMessage {
+        id: id_from_bytes(&id)?,
+        parent: parent.as_deref().map(id_from_bytes).transpose()?,
+        seq: row.try_get("seq")?,
+        origin: Origin::parse(&origin),
+        body: serde_json::from_str(&body)
+            .map_err(|e| Error::Internal(format!("stored message body is not JSON: {e}")))?,
+        created_at: Timestamp(row.try_get("created_at")?),
+    })
+}
+
+pub(super) async fn branches(pool: &PgPool, tenant: &str, session: &str) -> Result<Vec<Branch>> {
+    let rows = sqlx::query(
+        "SELECT m.id, m.seq, m.created_at, (m.id = s.head_id) AS is_head \
+         FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
+         WHERE m.tenant = $1 AND m.session_id = $2 AND NOT EXISTS ( \
+           SELECT 1 FROM messages c \
+           WHERE c.tenant = m.tenant AND c.session_id = m.session_id AND c.parent_id = m.id) \
+         ORDER BY m.created_at DESC, m.seq DESC",
+    )
+    .bind(tenant)
+    .bind(session)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let id: Vec<u8> = row.try_get("id")?;
+            let seq: i64 = row.try_get("seq")?;
+            let is_head: Option<bool> = row.try_get("is_head")?;
+            Ok(Branch {
+                id: id_from_bytes(&id)?,
+                messages: seq + 1,
+                updated_at: Timestamp(row.try_get("created_at")?),
+                head: is_head.unwrap_or(false),
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn find_by_prefix(
+    pool: &PgPool,
+    tenant: &str,
+    scope: &Scope,
+    ids: &[MessageId],
+) -> Result<Option<PrefixMatch>> {
+    // One query whatever the length: the ids travel as one bytea[] parameter.
+    let wanted: Vec<Vec<u8>> = ids.iter().map(|id| id.0.to_vec()).collect();
+    let row = sqlx::query(
+        "SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
+         FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
+         WHERE m.tenant = $1 AND s.key_hash IS NOT DISTINCT FROM $2 \
+         AND s.user_id IS NOT DISTINCT FROM $3 AND m.reply_in_prefix AND m.id = ANY($4) \
+         GROUP BY m.session_id, s.updated_at \
+         ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1",
+    )
+    .bind(tenant)
+    .bind(&scope.key_hash)
+    .bind(&scope.user)
+    .bind(wanted)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|row| {
+        let seq: i64 = row.try_get("matched")?;
+        Ok(PrefixMatch {
+            session_id: row.try_get("session_id")?,
+            matched_len: (seq + 1) as usize,
+        })
+    })
+    .transpose()
+}

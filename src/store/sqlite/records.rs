@@ -1,0 +1,250 @@
+//! SQLite: request records, summaries and the admin session list.
+
+use serde_json::Value;
+use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
+use sqlx::{QueryBuilder, Row};
+
+use super::super::time::Timestamp;
+use super::super::types::*;
+use super::super::{clamp_limit, decode_cursor, encode_cursor};
+use super::{SESSION_COLUMNS, session_from_row};
+use crate::conversation::MessageId;
+use crate::{Error, Result};
+
+fn json_text(v: &Option<Value>) -> Result<Option<String>> {
+    v.as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(|e| Error::Internal(format!("record JSON: {e}")))
+}
+
+fn json_value(s: Option<String>) -> Result<Option<Value>> {
+    s.map(|s| serde_json::from_str(&s))
+        .transpose()
+        .map_err(|e| Error::Internal(format!("stored record JSON: {e}")))
+}
+
+pub(super) async fn insert_request(
+    pool: &SqlitePool,
+    r: &NewRequestRecord,
+) -> Result<RequestRecord> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let time = Timestamp::now();
+    sqlx::query(
+        "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
+         status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
+         choices) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&id)
+    .bind(&r.tenant)
+    .bind(&r.session)
+    .bind(r.head.map(|h| h.0.to_vec()))
+    .bind(time.millis())
+    .bind(&r.endpoint)
+    .bind(&r.model)
+    .bind(i64::from(r.status))
+    .bind(r.tokens_in)
+    .bind(r.tokens_out)
+    .bind(r.latency_ms)
+    .bind(r.upstream_latency_ms)
+    .bind(&r.request_id)
+    .bind(json_text(&r.report)?)
+    .bind(json_text(&r.choices)?)
+    .execute(pool)
+    .await?;
+    Ok(RequestRecord {
+        id,
+        tenant: r.tenant.clone(),
+        session: r.session.clone(),
+        head: r.head,
+        time,
+        endpoint: r.endpoint.clone(),
+        model: r.model.clone(),
+        status: r.status,
+        tokens_in: r.tokens_in,
+        tokens_out: r.tokens_out,
+        latency_ms: r.latency_ms,
+        upstream_latency_ms: r.upstream_latency_ms,
+        request_id: r.request_id.clone(),
+        report: r.report.clone(),
+        choices: r.choices.clone(),
+    })
+}
+
+pub(super) async fn list_requests(
+    pool: &SqlitePool,
+    tenant: &str,
+    session: &str,
+) -> Result<Vec<RequestRecord>> {
+    let rows = sqlx::query(
+        "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
+         tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices \
+         FROM requests WHERE tenant = ? AND session_id = ? ORDER BY created_at, id",
+    )
+    .bind(tenant)
+    .bind(session)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(request_from_row).collect()
+}
+
+fn request_from_row(row: &SqliteRow) -> Result<RequestRecord> {
+    let head: Option<Vec<u8>> = row.try_get("head_id")?;
+    let status: i64 = row.try_get("status")?;
+    Ok(RequestRecord {
+        id: row.try_get("id")?,
+        tenant: row.try_get("tenant")?,
+        session: row.try_get("session_id")?,
+        head: head.as_deref().map(id_from_bytes).transpose()?,
+        time: Timestamp(row.try_get("created_at")?),
+        endpoint: row.try_get("endpoint")?,
+        model: row.try_get("model")?,
+        status: u16::try_from(status).unwrap_or(0),
+        tokens_in: row.try_get("tokens_in")?,
+        tokens_out: row.try_get("tokens_out")?,
+        latency_ms: row.try_get("latency_ms")?,
+        upstream_latency_ms: row.try_get("upstream_latency_ms")?,
+        request_id: row.try_get("request_id")?,
+        report: json_value(row.try_get("report")?)?,
+        choices: json_value(row.try_get("choices")?)?,
+    })
+}
+
+pub(super) async fn list_sessions(pool: &SqlitePool, q: &SessionQuery) -> Result<SessionPage> {
+    let limit = clamp_limit(q.limit);
+    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+        "SELECT {SESSION_COLUMNS} FROM sessions s WHERE 1 = 1"
+    ));
+    if let Some(tenant) = &q.tenant {
+        qb.push(" AND s.tenant = ").push_bind(tenant.clone());
+    }
+    if let Some(after) = &q.after {
+        let (ms, tenant, id) = decode_cursor(after)?;
+        qb.push(" AND (s.updated_at < ")
+            .push_bind(ms)
+            .push(" OR (s.updated_at = ")
+            .push_bind(ms)
+            .push(" AND (s.tenant > ")
+            .push_bind(tenant.clone())
+            .push(" OR (s.tenant = ")
+            .push_bind(tenant)
+            .push(" AND s.id > ")
+            .push_bind(id)
+            .push("))))");
+    }
+    qb.push(" ORDER BY s.updated_at DESC, s.tenant, s.id LIMIT ")
+        .push_bind(limit + 1);
+    let rows = qb.build().fetch_all(pool).await?;
+    let mut sessions = rows
+        .iter()
+        .map(session_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let more = sessions.len() as i64 > limit;
+    sessions.truncate(limit as usize);
+    let next = if more {
+        sessions.last().map(encode_cursor)
+    } else {
+        None
+    };
+    Ok(SessionPage { sessions, next })
+}
+
+pub(super) async fn insert_summary(
+    pool: &SqlitePool,
+    tenant: &str,
+    session: &str,
+    s: &NewSummary,
+) -> Result<Summary> {
+    let created_at = Timestamp::now();
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO summaries (tenant, session_id, anchor_id, covers_until, text, token_count, \
+         model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(tenant)
+    .bind(session)
+    .bind(s.anchor.0.to_vec())
+    .bind(s.covers_until)
+    .bind(&s.text)
+    .bind(s.token_count)
+    .bind(&s.model)
+    .bind(created_at.millis())
+    .fetch_one(pool)
+    .await?;
+    Ok(Summary {
+        id,
+        anchor: s.anchor,
+        covers_until: s.covers_until,
+        text: s.text.clone(),
+        token_count: s.token_count,
+        model: s.model.clone(),
+        created_at,
+    })
+}
+
+const SUMMARY_COLUMNS: &str =
+    "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at";
+
+fn summary_from_row(row: &SqliteRow) -> Result<Summary> {
+    let anchor: Vec<u8> = row.try_get("anchor_id")?;
+    Ok(Summary {
+        id: row.try_get("id")?,
+        anchor: id_from_bytes(&anchor)?,
+        covers_until: row.try_get("covers_until")?,
+        text: row.try_get("text")?,
+        token_count: row.try_get("token_count")?,
+        model: row.try_get("model")?,
+        created_at: Timestamp(row.try_get("created_at")?),
+    })
+}
+
+pub(super) async fn latest_summary(
+    pool: &SqlitePool,
+    tenant: &str,
+    session: &str,
+    leaf: Option<MessageId>,
+) -> Result<Option<Summary>> {
+    // Walk ids only (no bodies) up from the leaf and pick the best summary anchored on the path.
+    let start = if leaf.is_some() {
+        "id = ?3"
+    } else {
+        "id = (SELECT head_id FROM sessions WHERE tenant = ?1 AND id = ?2)"
+    };
+    let sql = format!(
+        "WITH RECURSIVE path (id, parent_id) AS ( \
+           SELECT id, parent_id FROM messages WHERE tenant = ?1 AND session_id = ?2 AND {start} \
+           UNION ALL \
+           SELECT m.id, m.parent_id FROM messages m JOIN path p ON m.id = p.parent_id \
+           WHERE m.tenant = ?1 AND m.session_id = ?2) \
+         SELECT {SUMMARY_COLUMNS} FROM summaries x JOIN path p ON x.anchor_id = p.id \
+         WHERE x.tenant = ?1 AND x.session_id = ?2 \
+         ORDER BY x.covers_until DESC, x.created_at DESC, x.id DESC LIMIT 1"
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(tenant)
+        .bind(session);
+    if let Some(leaf) = leaf {
+        q = q.bind(leaf.0.to_vec());
+    }
+    q.fetch_optional(pool)
+        .await?
+        .as_ref()
+        .map(summary_from_row)
+        .transpose()
+}
+
+pub(super) async fn list_summaries(
+    pool: &SqlitePool,
+    tenant: &str,
+    session: &str,
+) -> Result<Vec<Summary>> {
+    let sql = format!(
+        "SELECT {SUMMARY_COLUMNS} FROM summaries x WHERE x.tenant = ? AND x.session_id = ? \
+         ORDER BY x.created_at, x.id"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(tenant)
+        .bind(session)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(summary_from_row).collect()
+}

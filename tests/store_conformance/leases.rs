@@ -1,0 +1,219 @@
+//! Conformance: session and summary leases, and failure when the database is gone.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ctxproxy::store::{NewMessage, Origin, Store};
+
+use super::{Fixture, msg, scope};
+
+const LONG: Duration = Duration::from_secs(60);
+
+pub async fn summary_lease_is_exclusive_until_released_or_expired(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    s.get_or_create_session("t", "s", &scope()).await.unwrap();
+    let other = fx.second_store().await;
+    let held = s.try_lock_summary("t", "s", LONG).await.unwrap().unwrap();
+    assert!(s.try_lock_summary("t", "s", LONG).await.unwrap().is_none());
+    assert!(
+        other
+            .try_lock_summary("t", "s", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Another session's lease is independent.
+    s.get_or_create_session("t", "s2", &scope()).await.unwrap();
+    assert!(
+        other
+            .try_lock_summary("t", "s2", LONG)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    s.unlock_summary(&held).await.unwrap();
+    let short = other
+        .try_lock_summary("t", "s", Duration::from_millis(50))
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    // Expired: a crashed holder does not block the session forever.
+    let taken = s.try_lock_summary("t", "s", LONG).await.unwrap().unwrap();
+    // The old owner's release does not free the new owner's lease.
+    other.unlock_summary(&short).await.unwrap();
+    assert!(
+        other
+            .try_lock_summary("t", "s", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    s.unlock_summary(&taken).await.unwrap();
+    other.close().await;
+}
+
+pub async fn session_lease_is_exclusive_and_expired_one_is_taken_over(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    assert!(matches!(
+        s.lock_session("t", "missing", LONG, LONG).await,
+        Err(ctxproxy::Error::NotFound(_))
+    ));
+    s.get_or_create_session("t", "s", &scope()).await.unwrap();
+    let held = s.lock_session("t", "s", LONG, LONG).await.unwrap();
+    // A second locker gives up after its wait.
+    let waited = s
+        .lock_session("t", "s", LONG, Duration::from_millis(100))
+        .await;
+    assert!(matches!(waited, Err(ctxproxy::Error::StoreUnavailable(_))));
+    // Renewal keeps it; release lets the next one in at once.
+    let renewed = s.renew_session_lease(&held, LONG).await.unwrap().unwrap();
+    let store = fx.store.clone();
+    let waiter = tokio::spawn(async move { store.lock_session("t", "s", LONG, LONG).await });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!waiter.is_finished());
+    s.unlock_session(&renewed).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    // The holder that crashed (never unlocked) is overtaken once its ttl passed.
+    let _ = next;
+    s.get_or_create_session("t", "crash", &scope())
+        .await
+        .unwrap();
+    let crashed = s
+        .lock_session("t", "crash", Duration::from_millis(50), LONG)
+        .await
+        .unwrap();
+    let other = fx.second_store().await;
+    let started = std::time::Instant::now();
+    let taken = other
+        .lock_session("t", "crash", LONG, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_ne!(taken.owner, crashed.owner);
+    assert!(
+        s.renew_session_lease(&crashed, LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    other.unlock_session(&taken).await.unwrap();
+    other.close().await;
+}
+
+/// One proxied turn: lock, read the head, append the user message, "call upstream", append
+/// the reply, unlock.
+async fn turn(store: Arc<dyn Store>, k: usize) {
+    let lease = store.lock_session("t", "busy", LONG, LONG).await.unwrap();
+    let head = store.head_branch("t", "busy").await.unwrap();
+    let parent = head.last().map(|m| m.id);
+    let user = NewMessage::chain(
+        parent.as_ref(),
+        &[msg("user", &format!("q{k}"))],
+        Origin::Client,
+    );
+    store
+        .append_messages("t", "busy", parent, &user)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let reply = NewMessage::chain(
+        Some(&user[0].id),
+        &[msg("assistant", &format!("a{k}"))],
+        Origin::Reply,
+    );
+    store
+        .append_messages("t", "busy", Some(user[0].id), &reply)
+        .await
+        .unwrap();
+    store.unlock_session(&lease).await.unwrap();
+}
+
+pub async fn session_lease_serialises_turns_across_two_stores(fx: &Fixture) {
+    fx.store
+        .get_or_create_session("t", "busy", &scope())
+        .await
+        .unwrap();
+    let second = fx.second_store().await;
+    let tasks: Vec<_> = (0..50)
+        .map(|k| {
+            let store = if k % 2 == 0 {
+                fx.store.clone()
+            } else {
+                second.clone()
+            };
+            tokio::spawn(turn(store, k))
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let head = fx.store.head_branch("t", "busy").await.unwrap();
+    assert_eq!(head.len(), 100);
+    let session = fx.store.get_session("t", "busy").await.unwrap().unwrap();
+    assert_eq!(
+        session.message_count, 100,
+        "every message stored once, on one branch"
+    );
+    let mut seen = HashSet::new();
+    for pair in head.chunks(2) {
+        assert_eq!(pair[0].body["role"], "user");
+        assert_eq!(pair[1].body["role"], "assistant");
+        let q = pair[0].body["content"].as_str().unwrap();
+        let a = pair[1].body["content"].as_str().unwrap();
+        assert_eq!(&q[1..], &a[1..], "a turn was interleaved");
+        assert!(seen.insert(q.to_string()));
+    }
+    assert_eq!(seen.len(), 50);
+    second.close().await;
+}
+
+pub async fn lost_database_is_store_unavailable(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    s.get_or_create_session("t", "s", &scope()).await.unwrap();
+    // PostgreSQL: the database really disappears under an open pool. SQLite: an open file
+    // cannot be taken away from a process, so the pool is closed instead.
+    let doomed = fx.second_store().await;
+    doomed.ping().await.unwrap();
+    if doomed.backend() == "postgres" {
+        drop_database(&fx.url).await;
+    } else {
+        doomed.close().await;
+    }
+    let results = [
+        doomed.ping().await.err(),
+        doomed.get_session("t", "s").await.err(),
+        doomed.head_branch("t", "s").await.err(),
+        doomed.lock_session("t", "s", LONG, LONG).await.err(),
+    ];
+    for r in results {
+        assert!(
+            matches!(r, Some(ctxproxy::Error::StoreUnavailable(_))),
+            "expected StoreUnavailable, got {r:?}"
+        );
+    }
+}
+
+async fn drop_database(url: &str) {
+    use sqlx::Connection;
+    let admin = super::pg::admin_url().unwrap();
+    let name = url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
+    let sql = format!("DROP DATABASE \"{name}\" WITH (FORCE)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
