@@ -14,6 +14,7 @@ use axum::serve::ListenerExt;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::store::Store;
 use crate::upstream::Upstream;
 
 /// Everything handlers share.
@@ -23,10 +24,12 @@ pub struct AppState {
     pub upstream: Upstream,
     /// Allowed tool sets per (tenant, role, tools array); cleared on reload.
     pub tool_access: crate::access::ToolAccess,
+    /// Where conversations are kept.
+    pub store: Arc<dyn Store>,
 }
 
 impl AppState {
-    pub fn new(config: Config) -> Arc<Self> {
+    pub fn new(config: Config, store: Arc<dyn Store>) -> Arc<Self> {
         crate::metrics::handle();
         for tenant in &config.tenants {
             crate::metrics::register_tenant(&tenant.name);
@@ -43,6 +46,7 @@ impl AppState {
             config: ArcSwap::from_pointee(config),
             upstream,
             tool_access: Default::default(),
+            store,
         })
     }
 }
@@ -145,12 +149,13 @@ impl Server {
                 .map_err(|e| Error::Config(format!("server.listen: invalid address: {e}")))?,
         };
         let grace = Duration::from_secs(config.server.server.shutdown_grace_s);
+        let store = open_store(&config).await?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| Error::Config(format!("cannot listen on {addr}: {e}")))?;
         Ok(Server {
             listener,
-            state: AppState::new(config),
+            state: AppState::new(config, store),
             grace,
         })
     }
@@ -203,6 +208,14 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Connects to the configured database and applies pending migrations.
+pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>> {
+    let db = &config.server.database;
+    let store = crate::store::connect(&db.url, db.max_connections).await?;
+    store.migrate().await?;
+    Ok(store)
 }
 
 /// Resolves the config path: the flag, else `CTXPROXY_CONFIG`, else the default.

@@ -11,6 +11,7 @@ pub mod conversation;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod session;
 pub mod mock_upstream;
 pub mod store;
 pub mod telemetry;

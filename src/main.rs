@@ -80,7 +80,10 @@ async fn serve(path: PathBuf) -> ctxproxy::Result<()> {
 
 async fn migrate(path: PathBuf) -> ctxproxy::Result<()> {
     let config = load_config(&path)?;
-    tracing::info!(url = %redact_url(&config.server.database.url), "migrations: nothing to apply yet");
+    let url = redact_url(&config.server.database.url);
+    ctxproxy::app::open_store(&config).await?;
+    tracing::info!(%url, "migrations applied");
+    println!("migrations applied to {url}");
     Ok(())
 }
 

@@ -178,3 +178,10 @@ impl Message {
         }
     }
 }
+
+impl Message {
+    /// Reads a message from a JSON value without consuming it.
+    pub fn deserialize_value(v: &Value) -> Result<Message, serde_json::Error> {
+        Message::deserialize(v)
+    }
+}

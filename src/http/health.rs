@@ -16,12 +16,20 @@ pub async fn healthz() -> Json<Value> {
 
 /// 200 when the configuration is loaded and the store answers; 503 otherwise.
 pub async fn readyz(State(state): State<Arc<AppState>>) -> (StatusCode, Json<Value>) {
-    let config = state.config.load();
-    let tenants = config.tenants.len();
-    (
-        StatusCode::OK,
-        Json(json!({"status": "ready", "tenants": tenants})),
-    )
+    let tenants = state.config.load().tenants.len();
+    match state.store.ping().await {
+        Ok(()) => (
+            StatusCode::OK,
+            Json(json!({"status": "ready", "tenants": tenants, "store": state.store.backend()})),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: store unavailable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "unavailable", "store": "down"})),
+            )
+        }
+    }
 }
 
 /// Prometheus text format.

@@ -1,0 +1,155 @@
+//! One managed request, either API, as the flow sees it: its conversation as wire JSON (taken
+//! out to be assembled with stored history, put back rewritten), its tools, and the fields that
+//! steer sessions. Every field the proxy does not read stays in the typed request's `extra`.
+
+use serde_json::{Map, Value};
+
+use super::body::parse_json;
+use super::managed::Endpoint;
+use crate::conversation::{ChatRequest, Message, ResponsesRequest};
+use crate::error::{Error, Result};
+
+/// A parsed managed request.
+pub enum Call {
+    Chat(ChatRequest),
+    Responses(ResponsesRequest),
+}
+
+impl Call {
+    /// Parses the body for `endpoint`; errors name the field at fault.
+    pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<Call> {
+        Ok(match endpoint {
+            Endpoint::Chat => Call::Chat(parse_json(bytes)?),
+            Endpoint::Responses => {
+                let req: ResponsesRequest = parse_json(bytes)?;
+                if !(req.input.is_string() || req.input.is_array()) {
+                    return Err(Error::invalid(
+                        "'input' must be a string or an array of items",
+                        Some("input".to_string()),
+                    ));
+                }
+                Call::Responses(req)
+            }
+        })
+    }
+
+    pub fn model(&self) -> &str {
+        match self {
+            Call::Chat(r) => &r.model,
+            Call::Responses(r) => &r.model,
+        }
+    }
+
+    pub fn is_stream(&self) -> bool {
+        match self {
+            Call::Chat(r) => r.is_stream(),
+            Call::Responses(r) => r.is_stream(),
+        }
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Call::Chat(r) => r.user.as_deref(),
+            Call::Responses(r) => r.user.as_deref(),
+        }
+    }
+
+    pub fn metadata_session_id(&self) -> Option<&str> {
+        match self {
+            Call::Chat(r) => r.metadata_session_id(),
+            Call::Responses(r) => r.metadata_session_id(),
+        }
+    }
+
+    pub fn previous_response_id(&self) -> Option<&str> {
+        match self {
+            Call::Chat(_) => None,
+            Call::Responses(r) => r.previous_response_id.as_deref(),
+        }
+    }
+
+    /// The upstream's own state is not used once the proxy resolved the id itself.
+    pub fn clear_previous_response_id(&mut self) {
+        if let Call::Responses(r) = self {
+            r.previous_response_id = None;
+        }
+    }
+
+    /// The request's `tools`, if it has any.
+    pub fn tools_mut(&mut self) -> &mut Option<Vec<Value>> {
+        match self {
+            Call::Chat(r) => &mut r.tools,
+            Call::Responses(r) => &mut r.tools,
+        }
+    }
+
+    pub fn tool_choice(&self) -> Option<&Value> {
+        match self {
+            Call::Chat(r) => r.tool_choice.as_ref(),
+            Call::Responses(r) => r.extra.get("tool_choice"),
+        }
+    }
+
+    /// The conversation as wire JSON, taken out of the request (chat messages, or Responses
+    /// input items; a string input is one user message).
+    pub fn take_conversation(&mut self) -> Result<Vec<Value>> {
+        match self {
+            Call::Chat(r) => std::mem::take(&mut r.messages)
+                .into_iter()
+                .map(|m| {
+                    serde_json::to_value(m)
+                        .map_err(|e| Error::Internal(format!("cannot encode a message: {e}")))
+                })
+                .collect(),
+            Call::Responses(r) => Ok(match std::mem::take(&mut r.input) {
+                Value::String(s) => {
+                    let mut m = Map::new();
+                    m.insert("role".into(), Value::String("user".into()));
+                    m.insert("content".into(), Value::String(s));
+                    vec![Value::Object(m)]
+                }
+                Value::Array(items) => items,
+                _ => Vec::new(),
+            }),
+        }
+    }
+
+    /// Puts the (rewritten) conversation back.
+    pub fn put_chat_messages(&mut self, messages: Vec<Message>) {
+        if let Call::Chat(r) = self {
+            r.messages = messages;
+        }
+    }
+
+    /// Puts the Responses input items back.
+    pub fn put_items(&mut self, items: Vec<Value>) {
+        if let Call::Responses(r) = self {
+            r.input = Value::Array(items);
+        }
+    }
+
+    /// The JSON body to send upstream.
+    pub fn to_body(&self) -> Result<Vec<u8>> {
+        let encoded = match self {
+            Call::Chat(r) => serde_json::to_vec(r),
+            Call::Responses(r) => serde_json::to_vec(r),
+        };
+        encoded.map_err(|e| Error::Internal(format!("cannot encode the request: {e}")))
+    }
+}
+
+/// Typed messages from stored or received wire JSON; a message that is not a valid chat message
+/// is the client's error, named by its index.
+pub fn chat_messages(wire: &[Value]) -> Result<Vec<Message>> {
+    wire.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            Message::deserialize_value(v).map_err(|e| {
+                Error::invalid(
+                    format!("Invalid message at index {i}: {e}"),
+                    Some(format!("messages[{i}]")),
+                )
+            })
+        })
+        .collect()
+}

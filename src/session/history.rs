@@ -1,0 +1,125 @@
+//! The conversation to send for a request, and storing the request's new messages (SPEC 4.1).
+//! `client` mode: the request carries the whole history; everything not yet stored is appended.
+//! `server` mode (and a known `previous_response_id`): the stored branch is prepended to the
+//! request's new messages, which are appended under it. A leading system message in such a
+//! request replaces the stored one for this request only.
+
+use serde_json::Value;
+
+use crate::config::HistoryMode;
+use crate::conversation::{MessageId, chain_ids, message_id};
+use crate::error::Result;
+use crate::store::{NewMessage, Origin, Store};
+
+/// The conversation assembled for one request.
+#[derive(Debug, Clone)]
+pub struct Assembled {
+    /// The messages to rewrite and send, as wire JSON.
+    pub messages: Vec<Value>,
+    /// Content ids parallel to `messages` (stored ids where stored), for the token cache.
+    pub ids: Vec<MessageId>,
+    /// Where the reply attaches in the tree: the request's last message.
+    pub reply_parent: Option<MessageId>,
+    /// How many messages this request stored that were not there before.
+    pub stored_new: usize,
+}
+
+/// Where the stored history for a server-mode request comes from.
+pub enum Base {
+    /// The head branch of the session.
+    Head,
+    /// The path ending at this message (a `previous_response_id`).
+    At(MessageId),
+}
+
+/// Builds the conversation for `incoming` and stores what is new.
+pub async fn assemble(
+    store: &dyn Store,
+    tenant: &str,
+    session: &str,
+    mode: HistoryMode,
+    base: Option<Base>,
+    incoming: Vec<Value>,
+) -> Result<Assembled> {
+    let base = match (mode, base) {
+        (_, Some(b)) => Some(b),
+        (HistoryMode::Server, None) => Some(Base::Head),
+        (HistoryMode::Client, None) => None,
+    };
+    let stored = match base {
+        None => Vec::new(),
+        Some(Base::Head) => store.head_branch(tenant, session).await?,
+        Some(Base::At(id)) => store.load_path(tenant, session, id).await?,
+    };
+    if stored.is_empty() {
+        let ids = chain_ids(&incoming);
+        let new = chain_messages(&incoming, &ids);
+        let appended = store.append_messages(tenant, session, None, &new).await?;
+        return Ok(Assembled {
+            reply_parent: ids.last().copied(),
+            stored_new: appended.iter().filter(|a| a.new).count(),
+            messages: incoming,
+            ids,
+        });
+    }
+
+    let lead = incoming.iter().take_while(|m| is_instruction(m)).count();
+    let (instructions, new) = incoming.split_at(lead);
+    let parent = stored.last().map(|m| m.id);
+    let new_ids = {
+        let mut ids = Vec::with_capacity(new.len());
+        let mut p = parent;
+        for m in new {
+            let id = message_id(p.as_ref(), m);
+            ids.push(id);
+            p = Some(id);
+        }
+        ids
+    };
+    let appended = store
+        .append_messages(tenant, session, parent, &chain_messages(new, &new_ids))
+        .await?;
+
+    let mut messages = Vec::with_capacity(stored.len() + incoming.len());
+    let mut ids = Vec::with_capacity(stored.len() + incoming.len());
+    let skip_stored_lead = if instructions.is_empty() {
+        0
+    } else {
+        for m in instructions {
+            ids.push(message_id(None, m));
+            messages.push(m.clone());
+        }
+        stored.iter().take_while(|m| is_instruction(&m.body)).count()
+    };
+    for m in stored.into_iter().skip(skip_stored_lead) {
+        ids.push(m.id);
+        messages.push(m.body);
+    }
+    messages.extend(new.iter().cloned());
+    ids.extend(new_ids.iter().copied());
+    Ok(Assembled {
+        reply_parent: new_ids.last().copied().or(parent),
+        stored_new: appended.iter().filter(|a| a.new).count(),
+        messages,
+        ids,
+    })
+}
+
+fn chain_messages(bodies: &[Value], ids: &[MessageId]) -> Vec<NewMessage> {
+    bodies
+        .iter()
+        .zip(ids)
+        .map(|(body, id)| NewMessage {
+            id: *id,
+            body: body.clone(),
+            origin: Origin::Client,
+        })
+        .collect()
+}
+
+fn is_instruction(m: &Value) -> bool {
+    matches!(
+        m.get("role").and_then(Value::as_str),
+        Some("system" | "developer")
+    )
+}

@@ -1,0 +1,11 @@
+//! Sessions: which stored conversation a request continues (`resolve`), the lease that
+//! serialises requests on one session across processes (`lock`), and the conversation to send
+//! under each history mode (`history`).
+
+pub mod history;
+pub mod lock;
+pub mod resolve;
+
+pub use history::{Assembled, assemble};
+pub use lock::SessionLock;
+pub use resolve::{Resolved, resolve};

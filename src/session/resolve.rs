@@ -1,0 +1,108 @@
+//! Which session a request belongs to (SPEC 4), first that applies: the tenant's session header,
+//! `metadata.session_id`, the session of `previous_response_id` (Responses API), the session
+//! whose stored conversation is the longest prefix of the incoming one (`session.auto`), else a
+//! new session with a UUIDv7 id.
+
+use axum::http::HeaderMap;
+
+use crate::config::Tenant;
+use crate::conversation::MessageId;
+use crate::error::{Error, Result};
+use crate::store::{Scope, Store};
+
+/// The longest session id accepted from a client.
+const MAX_SESSION_ID: usize = 256;
+
+/// How the session was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Header,
+    Metadata,
+    PreviousResponse,
+    Auto,
+    New,
+}
+
+/// The session of a request.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: String,
+    pub source: Source,
+    /// For `previous_response_id`: the message the response ended on.
+    pub anchor: Option<MessageId>,
+}
+
+/// What the request says about its session.
+pub struct Hints<'a> {
+    pub headers: &'a HeaderMap,
+    pub metadata_session_id: Option<&'a str>,
+    /// Already looked up: the session and head of a known `previous_response_id`.
+    pub previous_response: Option<(String, MessageId)>,
+    pub scope: &'a Scope,
+    /// The chained ids of the incoming conversation (for auto matching); empty to skip it.
+    pub ids: &'a [MessageId],
+}
+
+/// Resolves the session id for a request of `tenant`.
+pub async fn resolve(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Result<Resolved> {
+    let header = &tenant.file.session.header;
+    if let Some(v) = hints.headers.get(header.as_str()) {
+        let id = v
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|s| valid_id(s))
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!("the {header} header must be 1 to {MAX_SESSION_ID} visible ASCII characters"),
+                    Some(header.clone()),
+                )
+            })?;
+        return Ok(Resolved {
+            id: id.to_string(),
+            source: Source::Header,
+            anchor: None,
+        });
+    }
+    if let Some(id) = hints.metadata_session_id {
+        if !valid_id(id) {
+            return Err(Error::invalid(
+                format!("metadata.session_id must be 1 to {MAX_SESSION_ID} visible ASCII characters"),
+                Some("metadata.session_id".to_string()),
+            ));
+        }
+        return Ok(Resolved {
+            id: id.to_string(),
+            source: Source::Metadata,
+            anchor: None,
+        });
+    }
+    if let Some((session, anchor)) = hints.previous_response {
+        return Ok(Resolved {
+            id: session,
+            source: Source::PreviousResponse,
+            anchor: Some(anchor),
+        });
+    }
+    if tenant.file.session.auto
+        && !hints.ids.is_empty()
+        && let Some(found) = store
+            .find_session_by_prefix(&tenant.name, hints.scope, hints.ids)
+            .await?
+    {
+        return Ok(Resolved {
+            id: found.session_id,
+            source: Source::Auto,
+            anchor: None,
+        });
+    }
+    Ok(Resolved {
+        id: uuid::Uuid::now_v7().to_string(),
+        source: Source::New,
+        anchor: None,
+    })
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_SESSION_ID && s.bytes().all(|b| b.is_ascii_graphic())
+}
