@@ -27,7 +27,10 @@ impl Policy {
     /// This policy with every step it leaves unset taken from `defaults`.
     pub fn merged_over(&self, defaults: &Policy) -> Policy {
         Policy {
-            tool_filter: self.tool_filter.clone().or_else(|| defaults.tool_filter.clone()),
+            tool_filter: self
+                .tool_filter
+                .clone()
+                .or_else(|| defaults.tool_filter.clone()),
             tool_call_window: self.tool_call_window.or(defaults.tool_call_window),
             compress_tool_output: self.compress_tool_output.or(defaults.compress_tool_output),
             summary: self.summary.clone().or_else(|| defaults.summary.clone()),

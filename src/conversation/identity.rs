@@ -35,7 +35,15 @@ pub fn canonical(message: &Value) -> Value {
         return message.clone();
     };
     let mut out = Map::new();
-    for key in ["role", "type", "name", "tool_call_id", "call_id", "arguments", "output"] {
+    for key in [
+        "role",
+        "type",
+        "name",
+        "tool_call_id",
+        "call_id",
+        "arguments",
+        "output",
+    ] {
         if let Some(v) = obj.get(key).filter(|v| !is_empty(v)) {
             out.insert(key.to_string(), v.clone());
         }
