@@ -6,5 +6,6 @@
 pub mod context;
 pub mod conversation;
 pub mod error;
+pub mod tokens;
 
 pub use error::{Error, Result};
