@@ -25,9 +25,10 @@ pub fn no_result_message(call_id: &str) -> Message {
     m
 }
 
-/// Always kept by the budget: instructions, the summary, the current turn.
-fn fixed(item: &Item<'_>) -> bool {
-    !item.history || item.index.is_none() || item.msg.role.is_instruction()
+/// Always kept by the budget: instructions, the summary, the current turn (and anything after
+/// its start, such as a late result of a history call).
+fn fixed(item: &Item<'_>, pos: usize, current_start: usize) -> bool {
+    pos >= current_start || !item.history || item.index.is_none() || item.msg.role.is_instruction()
 }
 
 pub(crate) fn apply(
@@ -48,10 +49,11 @@ pub(crate) fn apply(
         n
     };
     let all = segments(|p| &*items[p].msg, 0..items.len());
+    let current_start = items.iter().position(|i| !i.history).unwrap_or(items.len());
     let mut used = REQUEST_OVERHEAD + tools_tokens;
     let mut candidates = Vec::new();
     for seg in all {
-        if fixed(&items[seg.start]) {
+        if fixed(&items[seg.start], seg.start, current_start) {
             used += cost(seg);
         } else {
             candidates.push(seg);

@@ -222,6 +222,11 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
             continue;
         }
         let text = item.msg.text_content();
+        // Repair's made-up result is not tool output; shortening it would only make a second
+        // run differ from the first (repair adds it after this step).
+        if text == super::budget::NO_RESULT {
+            continue;
+        }
         let Some(short) = compress(encoding, &text, policy.max_tokens) else {
             continue;
         };

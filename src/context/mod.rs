@@ -134,6 +134,17 @@ pub fn run(input: PipelineInput<'_>, counter: &TokenCounter) -> Result<Rewritten
             history: index < history_end,
         })
         .collect();
+    // A result belongs with its call: a late result of a history call is history too, so the
+    // steps treat it as they treat its call and a second run finds nothing left to do.
+    let mut items = items;
+    for (pos, link) in segments::link_results(input.messages.iter())
+        .into_iter()
+        .enumerate()
+    {
+        if let Some((owner, _)) = link {
+            items[pos].history = items[owner].history;
+        }
+    }
     let mut work = Work {
         items,
         report: Report::default(),

@@ -14,9 +14,9 @@ use super::report::{RemoveReason, Removed};
 use super::segments::link_results;
 use super::work::Work;
 
-/// Removes the history calls for which `doomed(assistant position, call index, call)` is true.
-/// Calls in the current turn are never offered; a history call whose result already sits in the
-/// current turn is kept, since that result may not be touched.
+/// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
+/// with their results. Calls in the current turn are never offered. (A result of a history call
+/// counts as history wherever it sits; see `work::Item::history`.)
 pub(crate) fn remove_calls(
     work: &mut Work<'_>,
     reason: RemoveReason,
@@ -37,14 +37,6 @@ pub(crate) fn remove_calls(
         return;
     }
     let links = link_results(work.items.iter().map(|i| &*i.msg));
-    for (pos, link) in links.iter().enumerate() {
-        match link {
-            Some(call) if !work.items[pos].history => {
-                gone.remove(call);
-            }
-            _ => {}
-        }
-    }
 
     let mut drop_pos: HashSet<usize> = HashSet::new();
     for (pos, link) in links.iter().enumerate() {

@@ -17,7 +17,7 @@ pub(crate) struct Item<'a> {
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
-    /// Before the last `user` message (steps 2–6 may change it).
+    /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
     pub history: bool,
 }
 
