@@ -11,7 +11,8 @@ use serde_json::{Map, Value};
 use super::policy::CompressToolOutput;
 use super::report::Compressed;
 use super::work::Work;
-use crate::tokens::{Encoding, content_tokens};
+use crate::conversation::Message;
+use crate::tokens::{Encoding, message_tokens};
 
 /// How hard one level squeezes JSON.
 #[derive(Clone, Copy)]
@@ -69,7 +70,16 @@ const LEVELS: &[Limits] = &[
 
 /// `text` shortened to at most `max_tokens`, or `None` when it already fits.
 pub fn compress(encoding: Encoding, text: &str, max_tokens: u64) -> Option<String> {
-    let tokens = encoding.count(text);
+    compress_counted(encoding, text, encoding.count(text), max_tokens)
+}
+
+/// [`compress`] for a text whose token count is already known.
+fn compress_counted(
+    encoding: Encoding,
+    text: &str,
+    tokens: u64,
+    max_tokens: u64,
+) -> Option<String> {
     if tokens <= max_tokens {
         return None;
     }
@@ -217,7 +227,16 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
         if item.tokens <= policy.max_tokens {
             continue;
         }
-        let before = content_tokens(encoding, item.msg.content.as_ref());
+        // The content's count is the message's less the other fields', which are short: this
+        // spares tokenising a large result a second time.
+        let mut bare = Message {
+            content: None,
+            ..Message::text(item.msg.role.clone(), "")
+        };
+        bare.tool_call_id = item.msg.tool_call_id.clone();
+        bare.name = item.msg.name.clone();
+        bare.tool_calls = item.msg.tool_calls.clone();
+        let before = item.tokens.saturating_sub(message_tokens(encoding, &bare));
         if before <= policy.max_tokens {
             continue;
         }
@@ -227,13 +246,17 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
         if text == super::budget::NO_RESULT {
             continue;
         }
-        let Some(short) = compress(encoding, &text, policy.max_tokens) else {
+        let text_tokens = match &item.msg.content {
+            Some(Value::String(_)) => before,
+            _ => encoding.count(&text), // content parts: images are not part of the text
+        };
+        let Some(short) = compress_counted(encoding, &text, text_tokens, policy.max_tokens) else {
             continue;
         };
         let after = encoding.count(&short);
         let msg = item.msg.to_mut();
         msg.content = Some(Value::String(short));
-        item.tokens = crate::tokens::message_tokens(encoding, msg);
+        item.tokens = message_tokens(encoding, msg);
         if let Some(index) = item.index {
             done.push(Compressed {
                 index,
