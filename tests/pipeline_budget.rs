@@ -281,3 +281,23 @@ fn report_has_the_spec_shape_and_round_trips() {
     let back: Report = serde_json::from_value(v).unwrap();
     assert_eq!(back, out.report);
 }
+
+#[test]
+fn remembered_compression_equals_fresh_compression() {
+    let msgs = messages(&fixture("compress.json"));
+    let ids = chain_ids(&wire(&msgs));
+    let counter = TokenCounter::new();
+    let p = policy(json!({"compress_tool_output": {"max_tokens": 100}}));
+    let mut input = PipelineInput::new(&msgs, &p, O200K);
+    input.ids = Some(&ids);
+    let first = run(input, &counter).unwrap();
+    assert!(
+        counter
+            .compressed()
+            .get_variant(Encoding::O200kBase, &ids[3], 100)
+            .is_some()
+    );
+    let second = run(input, &counter).unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first, rewrite(&msgs, &p));
+}

@@ -6,13 +6,16 @@
 //! top-level scalars are the last thing given up. The summariser reduces tool results with the
 //! same function ([`compress`]).
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use super::policy::CompressToolOutput;
 use super::report::Compressed;
-use super::work::Work;
+use super::work::{Item, Work};
 use crate::conversation::Message;
-use crate::tokens::{Encoding, message_tokens};
+use crate::tokens::{Compressed as CompressedText, Encoding, message_tokens};
 
 /// How hard one level squeezes JSON.
 #[derive(Clone, Copy)]
@@ -220,52 +223,76 @@ fn suffix(text: &str, total_chars: usize, n: usize) -> &str {
 
 pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
     let encoding = work.encoding;
+    let counter = work.counter;
+    let max = policy.max_tokens;
     let mut done = Vec::new();
     for item in work.items.iter_mut().filter(|i| i.is_history_tool()) {
         // Cheap bound first: the whole message costs more than its content, so a message
         // within the limit needs no content count.
-        if item.tokens <= policy.max_tokens {
+        if item.tokens <= max {
             continue;
         }
-        // The content's count is the message's less the other fields', which are short: this
-        // spares tokenising a large result a second time.
-        let mut bare = Message {
-            content: None,
-            ..Message::text(item.msg.role.clone(), "")
+        // An unchanged message with an id may have been compressed on an earlier turn.
+        let key = item.id.filter(|_| matches!(item.msg, Cow::Borrowed(_)));
+        let result = match key.and_then(|id| counter.compressed().get_variant(encoding, &id, max)) {
+            Some(hit) => Some(hit),
+            None => {
+                let fresh = compress_item(encoding, item, max).map(Arc::new);
+                if let (Some(id), Some(r)) = (key, &fresh) {
+                    counter
+                        .compressed()
+                        .insert_variant(encoding, &id, max, r.clone());
+                }
+                fresh
+            }
         };
-        bare.tool_call_id = item.msg.tool_call_id.clone();
-        bare.name = item.msg.name.clone();
-        bare.tool_calls = item.msg.tool_calls.clone();
-        let before = item.tokens.saturating_sub(message_tokens(encoding, &bare));
-        if before <= policy.max_tokens {
-            continue;
-        }
-        let text = item.msg.text_content();
-        // Repair's made-up result is not tool output; shortening it would only make a second
-        // run differ from the first (repair adds it after this step).
-        if text == super::budget::NO_RESULT {
-            continue;
-        }
-        let text_tokens = match &item.msg.content {
-            Some(Value::String(_)) => before,
-            _ => encoding.count(&text), // content parts: images are not part of the text
-        };
-        let Some(short) = compress_counted(encoding, &text, text_tokens, policy.max_tokens) else {
-            continue;
-        };
-        let after = encoding.count(&short);
+        let Some(result) = result else { continue };
         let msg = item.msg.to_mut();
-        msg.content = Some(Value::String(short));
+        msg.content = Some(Value::String(result.text.clone()));
+        // Counted fresh: the message is new, only its content's count is known.
         item.tokens = message_tokens(encoding, msg);
         if let Some(index) = item.index {
             done.push(Compressed {
                 index,
-                tokens_before: before,
-                tokens_after: after,
+                tokens_before: result.tokens_before,
+                tokens_after: result.tokens_after,
             });
         }
     }
     work.report.compressed.extend(done);
+}
+
+/// Compresses one tool message's content, or `None` when it is within the limit.
+fn compress_item(encoding: Encoding, item: &Item<'_>, max: u64) -> Option<CompressedText> {
+    // The content's count is the message's less the other fields', which are short: this
+    // spares tokenising a large result a second time.
+    let mut bare = Message {
+        content: None,
+        ..Message::text(item.msg.role.clone(), "")
+    };
+    bare.tool_call_id = item.msg.tool_call_id.clone();
+    bare.name = item.msg.name.clone();
+    bare.tool_calls = item.msg.tool_calls.clone();
+    let before = item.tokens.saturating_sub(message_tokens(encoding, &bare));
+    if before <= max {
+        return None;
+    }
+    let text = item.msg.text_content();
+    // Repair's made-up result is not tool output; shortening it would only make a second run
+    // differ from the first (repair adds it after this step).
+    if text == super::budget::NO_RESULT {
+        return None;
+    }
+    let text_tokens = match &item.msg.content {
+        Some(Value::String(_)) => before,
+        _ => encoding.count(&text), // content parts: images are not part of the text
+    };
+    let short = compress_counted(encoding, &text, text_tokens, max)?;
+    Some(CompressedText {
+        tokens_after: encoding.count(&short),
+        text: short,
+        tokens_before: before,
+    })
 }
 
 #[cfg(test)]

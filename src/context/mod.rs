@@ -107,7 +107,7 @@ pub struct Rewritten {
 /// Fails with [`Error::ContextLengthExceeded`] when the rewritten request is still larger than
 /// the model's context window (the upstream must then not be called), and with
 /// [`Error::Internal`] when `ids` is not parallel to `messages`.
-pub fn run(input: PipelineInput<'_>, counter: &TokenCounter) -> Result<Rewritten> {
+pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Rewritten> {
     let encoding = input.model.encoding;
     if let Some(ids) = input.ids {
         if ids.len() != input.messages.len() {
@@ -131,6 +131,7 @@ pub fn run(input: PipelineInput<'_>, counter: &TokenCounter) -> Result<Rewritten
                 Some(ids) => counter.message_with_id(encoding, m, &ids[index]),
                 None => counter.message(encoding, m),
             },
+            id: input.ids.map(|ids| ids[index]),
             history: index < history_end,
         })
         .collect();
@@ -149,6 +150,7 @@ pub fn run(input: PipelineInput<'_>, counter: &TokenCounter) -> Result<Rewritten
         items,
         report: Report::default(),
         encoding,
+        counter,
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 

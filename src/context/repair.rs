@@ -120,6 +120,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                     out.push(Item {
                         msg: Cow::Owned(msg),
                         index: None,
+                        id: None,
                         tokens,
                         history,
                     });

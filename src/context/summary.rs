@@ -70,6 +70,7 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
         Item {
             msg: std::borrow::Cow::Owned(msg),
             index: None,
+            id: None,
             tokens,
             history: true,
         },

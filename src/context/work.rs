@@ -5,8 +5,8 @@
 
 use std::borrow::Cow;
 
-use crate::conversation::{Message, Role};
-use crate::tokens::{Encoding, message_tokens};
+use crate::conversation::{Message, MessageId, Role};
+use crate::tokens::{Encoding, TokenCounter, message_tokens};
 
 use super::report::{RemoveReason, Removed, Report};
 
@@ -17,6 +17,9 @@ pub(crate) struct Item<'a> {
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
+    /// The chained id of the message as given, when the caller passed ids; `None` for messages
+    /// the pipeline made.
+    pub id: Option<MessageId>,
     /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
     pub history: bool,
 }
@@ -33,6 +36,7 @@ pub(crate) struct Work<'a> {
     pub items: Vec<Item<'a>>,
     pub report: Report,
     pub encoding: Encoding,
+    pub counter: &'a TokenCounter,
 }
 
 impl<'a> Work<'a> {

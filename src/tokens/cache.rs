@@ -1,4 +1,4 @@
-//! A bounded cache of per-message token counts, keyed by (encoding, message id). A message id
+//! Bounded caches of per-message token counts (and other per-message results), keyed by (encoding, message id). A message id
 //! chains the whole prefix, so a hit means "this exact message at this exact place in this
 //! conversation"; turn N+1 of a conversation then only tokenises what is new.
 //!
@@ -16,52 +16,76 @@ use super::Encoding;
 
 const SHARDS: usize = 16;
 
-type Key = (Encoding, MessageId);
+/// Key of a per-message entry: encoding, message id, and a variant (0 for counts; the
+/// compression limit for compressed results).
+type Key = (Encoding, MessageId, u64);
 
-#[derive(Default)]
-struct Shard {
-    young: HashMap<Key, u64>,
-    old: HashMap<Key, u64>,
+struct Shard<V> {
+    young: HashMap<Key, V>,
+    old: HashMap<Key, V>,
+}
+
+impl<V> Default for Shard<V> {
+    fn default() -> Self {
+        Shard {
+            young: HashMap::new(),
+            old: HashMap::new(),
+        }
+    }
 }
 
 /// Per-message token counts shared by every request of the process.
-pub struct CountCache {
-    shards: Vec<Mutex<Shard>>,
+pub type CountCache = Memo<u64>;
+
+/// A bounded, sharded map from (encoding, message id, variant) to a value derived from that
+/// message.
+pub struct Memo<V> {
+    shards: Vec<Mutex<Shard<V>>>,
     per_shard: usize,
 }
 
-impl CountCache {
+impl<V: Clone> Memo<V> {
     /// A cache holding at least `capacity` recent entries (and at most about twice that).
     pub fn new(capacity: usize) -> Self {
-        CountCache {
+        Memo {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: capacity.div_ceil(SHARDS).max(1),
         }
     }
 
-    fn shard(&self, id: &MessageId) -> &Mutex<Shard> {
+    fn shard(&self, id: &MessageId) -> &Mutex<Shard<V>> {
         // The id is a sha256, so any byte is uniformly distributed.
         &self.shards[id.0[0] as usize % SHARDS]
     }
 
     /// The cached count, if any.
-    pub fn get(&self, encoding: Encoding, id: &MessageId) -> Option<u64> {
-        let key = (encoding, *id);
-        // A poisoned lock only means another thread panicked mid-insert; the maps are still
-        // valid, so keep using them.
-        let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&n) = shard.young.get(&key) {
-            return Some(n);
-        }
-        let n = shard.old.remove(&key)?;
-        insert(&mut shard, key, n, self.per_shard);
-        Some(n)
+    pub fn get(&self, encoding: Encoding, id: &MessageId) -> Option<V> {
+        self.get_variant(encoding, id, 0)
     }
 
     /// Records a count.
-    pub fn insert(&self, encoding: Encoding, id: &MessageId, tokens: u64) {
+    pub fn insert(&self, encoding: Encoding, id: &MessageId, value: V) {
+        self.insert_variant(encoding, id, 0, value)
+    }
+
+    /// The cached value for one variant of a message, if any.
+    pub fn get_variant(&self, encoding: Encoding, id: &MessageId, variant: u64) -> Option<V> {
+        let key = (encoding, *id, variant);
+        // A poisoned lock only means another thread panicked mid-insert; the maps are still
+        // valid, so keep using them.
         let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
-        insert(&mut shard, (encoding, *id), tokens, self.per_shard);
+        if let Some(n) = shard.young.get(&key) {
+            return Some(n.clone());
+        }
+        let n = shard.old.remove(&key)?;
+        insert(&mut shard, key, n.clone(), self.per_shard);
+        Some(n)
+    }
+
+    /// Records the value for one variant of a message.
+    pub fn insert_variant(&self, encoding: Encoding, id: &MessageId, variant: u64, value: V) {
+        let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
+        insert(&mut shard, (encoding, *id, variant), value, self.per_shard);
     }
 
     /// Number of entries held (both generations).
@@ -90,11 +114,11 @@ impl CountCache {
     }
 }
 
-fn insert(shard: &mut Shard, key: Key, tokens: u64, per_shard: usize) {
+fn insert<V>(shard: &mut Shard<V>, key: Key, value: V, per_shard: usize) {
     if shard.young.len() >= per_shard {
         shard.old = std::mem::take(&mut shard.young);
     }
-    shard.young.insert(key, tokens);
+    shard.young.insert(key, value);
 }
 
 #[cfg(test)]

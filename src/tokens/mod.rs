@@ -13,12 +13,14 @@ pub mod cache;
 pub mod encoding;
 pub mod models;
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::conversation::{Message, MessageId};
 
-pub use cache::CountCache;
+pub use cache::{CountCache, Memo};
 pub use encoding::Encoding;
 pub use models::{ModelEntry, ModelFacts, ModelOverrides, ModelTable};
 
@@ -37,6 +39,18 @@ const DEFAULT_CAPACITY: usize = 200_000;
 /// (it is `Sync`); cheap to call from many threads.
 pub struct TokenCounter {
     cache: CountCache,
+    compressed: Memo<Arc<Compressed>>,
+}
+
+/// A tool result as `compress_tool_output` shortened it, remembered per (encoding, message id,
+/// limit) so a long conversation's old results are not compressed again on every turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compressed {
+    pub text: String,
+    /// Tokens of the original content text.
+    pub tokens_before: u64,
+    /// Tokens of `text`.
+    pub tokens_after: u64,
 }
 
 impl Default for TokenCounter {
@@ -55,7 +69,14 @@ impl TokenCounter {
     pub fn with_capacity(capacity: usize) -> Self {
         TokenCounter {
             cache: CountCache::new(capacity),
+            // Compressed results are larger than counts and rarer; a tenth of the entries.
+            compressed: Memo::new(capacity / 10),
         }
+    }
+
+    /// Remembered compression results of tool messages.
+    pub fn compressed(&self) -> &Memo<Arc<Compressed>> {
+        &self.compressed
     }
 
     /// The cache, for inspection and for benchmarks that need it cold.
