@@ -11,10 +11,11 @@ pub mod conversation;
 pub mod error;
 pub mod http;
 pub mod metrics;
-pub mod session;
 pub mod mock_upstream;
+pub mod session;
 pub mod store;
 pub mod telemetry;
+pub mod tokens;
 pub mod upstream;
 
 pub use error::{Error, Result};

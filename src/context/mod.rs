@@ -1,6 +1,197 @@
 //! The context pipeline: a pure function from a conversation and a policy to the conversation
 //! sent upstream and a report of what changed. No I/O, no clock, no database.
+//!
+//! Steps, in SPEC 5's fixed order (each off unless configured, except repair):
+//! 1. [`tool_access`]: history calls to tools this request does not offer (with `scrub_history`)
+//! 2. [`tool_filter`]: history calls by function name
+//! 3. [`tool_window`]: only the N most recent history tool calls
+//! 4. [`compress`]: history tool results over `max_tokens` shortened
+//! 5. [`summary`]: a stored summary replaces the history it covers
+//! 6. [`budget`]: history newest first, in whole segments, while the request fits
+//! 7. [`repair`]: the request made one the provider accepts, on everything
+//!
+//! Steps 2–6 change only the **history**, the messages before the last `user` message; the
+//! **current turn** (that message and all after it) is untouched by them.
+//!
+//! The pipeline works on the shared [`Message`] model. The Responses API reuses it by mapping its
+//! items to messages (keeping the original item in `extra`) and back; nothing here is specific to
+//! chat completions.
 
+pub mod budget;
+pub mod compress;
 pub mod policy;
+pub mod repair;
+pub mod report;
+pub mod segments;
+pub mod summary;
+pub mod tool_access;
+pub mod tool_filter;
+pub mod tool_window;
+
+mod removal;
+mod work;
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+use crate::conversation::{Message, MessageId};
+use crate::error::{Error, Result};
+use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
 
 pub use policy::Policy;
+pub use report::{Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse};
+pub use summary::{StoredSummary, SummaryPlan, plan_summary};
+pub use tool_access::offered_tool_names;
+
+use work::{Item, Work, current_turn_start};
+
+/// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolAccess {
+    /// Names of the tools this request offers, after the role's cut
+    /// (see [`offered_tool_names`]).
+    pub offered: HashSet<String>,
+    /// `tools.scrub_history`: remove history calls to tools not offered.
+    pub scrub_history: bool,
+}
+
+/// Everything one pipeline run reads.
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineInput<'a> {
+    /// The conversation to send: system + stored history + new messages.
+    pub messages: &'a [Message],
+    /// The chained ids of `messages` ([`chain_ids`](crate::conversation::chain_ids)), parallel
+    /// to them. With ids, unchanged messages are counted from the cache; without, every message
+    /// is tokenised.
+    pub ids: Option<&'a [MessageId]>,
+    /// The request's `tools` array as sent upstream (counted into the request's tokens).
+    pub tools: Option<&'a Value>,
+    /// The tenant's policy merged over the server defaults.
+    pub policy: &'a Policy,
+    /// Encoding and context window of the request's model.
+    pub model: ModelFacts,
+    /// The stored summary to apply (pass one only when the policy has `summary`). Its
+    /// `covers_until` is an index into `messages`.
+    pub summary: Option<&'a StoredSummary>,
+    /// Tool access for the history scrub (step 1); `None` when the tenant has no `tools`.
+    pub tool_access: Option<&'a ToolAccess>,
+}
+
+impl<'a> PipelineInput<'a> {
+    /// An input with just messages, policy and model; set the other fields as needed.
+    pub fn new(messages: &'a [Message], policy: &'a Policy, model: ModelFacts) -> Self {
+        PipelineInput {
+            messages,
+            ids: None,
+            tools: None,
+            policy,
+            model,
+            summary: None,
+            tool_access: None,
+        }
+    }
+}
+
+/// The rewritten conversation and what was done to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rewritten {
+    /// The messages to send upstream. Messages no step changed are clones of the input.
+    pub messages: Vec<Message>,
+    pub report: Report,
+}
+
+/// Runs the pipeline over `input`, counting with `counter` (whose cache it reads and fills).
+///
+/// Fails with [`Error::ContextLengthExceeded`] when the rewritten request is still larger than
+/// the model's context window (the upstream must then not be called), and with
+/// [`Error::Internal`] when `ids` is not parallel to `messages`.
+pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Rewritten> {
+    let encoding = input.model.encoding;
+    if let Some(ids) = input.ids {
+        if ids.len() != input.messages.len() {
+            return Err(Error::Internal(format!(
+                "pipeline given {} message ids for {} messages",
+                ids.len(),
+                input.messages.len()
+            )));
+        }
+    }
+    let tools_tokens = input.tools.map_or(0, |t| counter.tools(encoding, t));
+    let history_end = current_turn_start(input.messages);
+    let items: Vec<Item<'_>> = input
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(index, m)| Item {
+            msg: Cow::Borrowed(m),
+            index: Some(index),
+            tokens: match input.ids {
+                Some(ids) => counter.message_with_id(encoding, m, &ids[index]),
+                None => counter.message(encoding, m),
+            },
+            id: input.ids.map(|ids| ids[index]),
+            history: index < history_end,
+        })
+        .collect();
+    // A result belongs with its call: a late result of a history call is history too, so the
+    // steps treat it as they treat its call and a second run finds nothing left to do.
+    let mut items = items;
+    for (pos, link) in segments::link_results(input.messages.iter())
+        .into_iter()
+        .enumerate()
+    {
+        if let Some((owner, _)) = link {
+            items[pos].history = items[owner].history;
+        }
+    }
+    let mut work = Work {
+        items,
+        report: Report::default(),
+        encoding,
+        counter,
+    };
+    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+
+    let policy = input.policy;
+    if let Some(access) = input.tool_access.filter(|a| a.scrub_history) {
+        tool_access::apply(&mut work, &access.offered);
+    }
+    if let Some(filter) = &policy.tool_filter {
+        tool_filter::apply(&mut work, filter);
+    }
+    if let Some(window) = &policy.tool_call_window {
+        tool_window::apply(&mut work, window);
+    }
+    if let Some(c) = &policy.compress_tool_output {
+        compress::apply(&mut work, c);
+    }
+    if let Some(s) = input.summary {
+        summary::apply(&mut work, s);
+    }
+    let repair = policy.repair();
+    if let Some(b) = &policy.token_budget {
+        budget::apply(
+            &mut work,
+            b,
+            input.model.context_window,
+            tools_tokens,
+            repair.unanswered_calls,
+        );
+    }
+    repair::apply(&mut work, &repair);
+
+    let tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+    work.report.tokens_out = tokens_out;
+    if tokens_out > input.model.context_window {
+        return Err(Error::ContextLengthExceeded {
+            window: input.model.context_window,
+            needed: tokens_out,
+        });
+    }
+    Ok(Rewritten {
+        messages: work.items.into_iter().map(|i| i.msg.into_owned()).collect(),
+        report: work.report,
+    })
+}

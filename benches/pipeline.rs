@@ -1,0 +1,123 @@
+//! The pipeline on a long agent conversation: 500 messages, ~150k tokens (o200k_base), with a
+//! realistic policy (window, compression, budget at 60% of gpt-4o's window).
+//!
+//! - `cold`: an empty count cache, every message tokenised.
+//! - `warm`: every message already counted (the same request again).
+//! - `turn_N`: turn N+1 of a conversation whose first N messages were counted on earlier turns;
+//!   only the new message is tokenised. Compares N = 50 and N = 500.
+
+use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main};
+use ctxproxy::context::{PipelineInput, Policy, run};
+use ctxproxy::conversation::{Message, MessageId, chain_ids, message_id};
+use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
+use serde_json::{Value, json};
+
+const STATUS: [&str; 3] = ["paid", "refunded", "pending"];
+
+/// A 500-message agent conversation: system, then 100 rounds of question, tool call, a large
+/// tool result, reply, and a follow-up note (the last round ends with the current question).
+fn conversation() -> Vec<Value> {
+    let mut v =
+        vec![json!({"role": "system", "content": "You are an operations agent. ".repeat(20)})];
+    for r in 0..100 {
+        v.push(json!({"role": "user", "content": format!("Round {r}: check the orders of customer {} and summarise anything unusual in the last week, please.", r * 7919 % 10007)}));
+        v.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{r}"), "type": "function",
+            "function": {"name": "query_orders", "arguments": json!({"customer": r * 7919 % 10007, "days": 7, "fields": ["id", "total", "status"]}).to_string()}}]}));
+        let rows: Vec<Value> = (0..40)
+            .map(|i| json!({"id": format!("ord-{r}-{i}"), "total": (r * 31 + i * 17) % 1000, "status": STATUS[i % 3],
+                "note": format!("customer asked about delivery window {i} and invoice {r}-{i}")}))
+            .collect();
+        v.push(json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": json!({"orders": rows, "count": 40}).to_string()}));
+        v.push(json!({"role": "assistant", "content": format!("Customer {} placed 40 orders; {} were refunded, which is higher than usual. The pending ones are recent. ", r * 7919 % 10007, 13).repeat(3)}));
+        if r < 99 {
+            v.push(json!({"role": "user", "content": "Thanks, noted."}));
+        }
+    }
+    v.truncate(500);
+    v
+}
+
+fn policy() -> Policy {
+    serde_json::from_value(json!({
+        "tool_call_window": {"max": 10},
+        "compress_tool_output": {"max_tokens": 300},
+        "token_budget": {"target_ratio": 0.6}
+    }))
+    .unwrap_or_default()
+}
+
+fn bench(c: &mut Criterion) {
+    let values = conversation();
+    let messages: Vec<Message> = values
+        .iter()
+        .map(|m| serde_json::from_value(m.clone()).unwrap())
+        .collect();
+    let ids = chain_ids(&values);
+    let policy = policy();
+    let facts = ModelTable::built_in().lookup("gpt-4o");
+    Encoding::O200kBase.warm_up();
+    let total = TokenCounter::new().request(facts.encoding, &messages, None, None);
+    eprintln!("conversation: {} messages, {total} tokens", messages.len());
+
+    let policy_s: &'static Policy = Box::leak(Box::new(policy.clone()));
+    let input = |msgs: &'static [Message], ids: &'static [MessageId]| {
+        let mut i = PipelineInput::new(msgs, policy_s, facts);
+        i.ids = Some(ids);
+        i
+    };
+    let msgs: &'static [Message] = Box::leak(messages.clone().into_boxed_slice());
+    let ids_s: &'static [MessageId] = Box::leak(ids.clone().into_boxed_slice());
+
+    let mut g = c.benchmark_group("pipeline_500");
+    g.sample_size(20);
+    g.bench_function("cold", |b| {
+        b.iter_batched(
+            TokenCounter::new,
+            |counter| black_box(run(input(msgs, ids_s), &counter).unwrap()),
+            BatchSize::PerIteration,
+        )
+    });
+    let warm = TokenCounter::new();
+    run(input(msgs, ids_s), &warm).unwrap();
+    g.bench_function("warm", |b| {
+        b.iter(|| black_box(run(input(msgs, ids_s), &warm).unwrap()))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("next_turn_warm");
+    for n in [50usize, 500] {
+        let prefix: &'static [Message] = Box::leak(messages[..n - 1].to_vec().into_boxed_slice());
+        let prefix_ids = ids[..n - 1].to_vec();
+        let counter = TokenCounter::new();
+        run(
+            input(prefix, Box::leak(prefix_ids.clone().into_boxed_slice())),
+            &counter,
+        )
+        .unwrap();
+        let mut k = 0u64;
+        g.bench_function(format!("turn_{n}"), |b| {
+            b.iter_batched(
+                || {
+                    // a new question nobody has counted yet
+                    k += 1;
+                    let q = json!({"role": "user", "content": format!("New question number {k}: what changed since yesterday?")});
+                    let mut m = prefix.to_vec();
+                    m.push(serde_json::from_value(q.clone()).unwrap());
+                    let mut i = prefix_ids.clone();
+                    i.push(message_id(prefix_ids.last(), &q));
+                    (m, i)
+                },
+                |(m, i)| {
+                    let mut inp = PipelineInput::new(&m, &policy, facts);
+                    inp.ids = Some(&i);
+                    black_box(run(inp, &counter).unwrap())
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,96 @@
+//! Step 6, `token_budget`: keeps the system messages, the summary and the current turn, then
+//! adds history newest first in whole segments while the request fits, stopping at the first
+//! segment that does not (the kept history is contiguous, never a gap). The kept history then
+//! starts at a `user` message: leading assistant or tool messages are let go too.
+//!
+//! Repair runs after this step and may add `[no result recorded]` results (placeholder mode), so
+//! a segment's cost includes those it would get; the budget therefore holds for what is sent.
+
+use std::collections::HashSet;
+
+use super::policy::{TokenBudget, UnansweredCalls};
+use super::report::RemoveReason;
+use super::segments::segments;
+use super::work::{Item, Work};
+use crate::conversation::{Message, Role};
+use crate::tokens::{Encoding, REQUEST_OVERHEAD, message_tokens};
+
+/// The content of a result made up for an unanswered call.
+pub const NO_RESULT: &str = "[no result recorded]";
+
+/// The tool message repair adds for an unanswered call.
+pub fn no_result_message(call_id: &str) -> Message {
+    let mut m = Message::text(Role::Tool, NO_RESULT);
+    m.tool_call_id = Some(call_id.to_string());
+    m
+}
+
+/// Always kept by the budget: instructions, the summary, the current turn (and anything after
+/// its start, such as a late result of a history call).
+fn fixed(item: &Item<'_>, pos: usize, current_start: usize) -> bool {
+    pos >= current_start || !item.history || item.index.is_none() || item.msg.role.is_instruction()
+}
+
+pub(crate) fn apply(
+    work: &mut Work<'_>,
+    budget: &TokenBudget,
+    context_window: u64,
+    tools_tokens: u64,
+    unanswered: UnansweredCalls,
+) {
+    let limit = budget.limit(context_window);
+    let encoding = work.encoding;
+    let items = &work.items;
+    let cost = |seg: std::ops::Range<usize>| -> u64 {
+        let mut n: u64 = seg.clone().map(|p| items[p].tokens).sum();
+        if unanswered == UnansweredCalls::Placeholder {
+            n += placeholder_cost(encoding, &items[seg]);
+        }
+        n
+    };
+    let all = segments(|p| &*items[p].msg, 0..items.len());
+    let current_start = items.iter().position(|i| !i.history).unwrap_or(items.len());
+    let mut used = REQUEST_OVERHEAD + tools_tokens;
+    let mut candidates = Vec::new();
+    for seg in all {
+        if fixed(&items[seg.start], seg.start, current_start) {
+            used += cost(seg);
+        } else {
+            candidates.push(seg);
+        }
+    }
+    // Newest first, while it fits; the first that does not ends the kept history.
+    let mut kept = candidates.len();
+    for (k, seg) in candidates.iter().enumerate().rev() {
+        let c = cost(seg.clone());
+        if used + c > limit {
+            break;
+        }
+        used += c;
+        kept = k;
+    }
+    // The kept history begins at a user message.
+    while kept < candidates.len() && items[candidates[kept].start].msg.role != Role::User {
+        kept += 1;
+    }
+    let drop: HashSet<usize> = candidates[..kept].iter().flat_map(|s| s.clone()).collect();
+    if !drop.is_empty() {
+        work.remove_where(RemoveReason::TokenBudget, |pos, _| drop.contains(&pos));
+    }
+}
+
+/// Tokens of the results repair would make up for calls in `seg` that have no result in it.
+fn placeholder_cost(encoding: Encoding, seg: &[Item<'_>]) -> u64 {
+    let Some(first) = seg.first() else { return 0 };
+    let answered: HashSet<&str> = seg[1..]
+        .iter()
+        .filter_map(|i| i.msg.tool_call_id.as_deref())
+        .collect();
+    first
+        .msg
+        .tool_calls()
+        .iter()
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .map(|c| message_tokens(encoding, &no_result_message(&c.id)))
+        .sum()
+}

@@ -1,0 +1,321 @@
+//! Step 4, `compress_tool_output`: a history tool result over `max_tokens` is shortened to at
+//! most `max_tokens`. JSON keeps its shape (scalars kept, long strings cut with `…`, long arrays
+//! keep their ends around `"… (K more items)"`, deep containers collapse to `"…"`, and
+//! `"_compressed": true` marks a top-level object); other text keeps its head and tail around
+//! `\n…[K tokens omitted]…\n`. The JSON limits tighten level by level until the result fits;
+//! top-level scalars are the last thing given up. The summariser reduces tool results with the
+//! same function ([`compress`]).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::policy::CompressToolOutput;
+use super::report::Compressed;
+use super::work::{Item, Work};
+use crate::conversation::Message;
+use crate::tokens::{Compressed as CompressedText, Encoding, message_tokens};
+
+/// How hard one level squeezes JSON.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Strings longer than this many chars are cut.
+    string_chars: usize,
+    /// Arrays longer than `2 * ends` keep this many items at each end.
+    ends: usize,
+    /// Containers deeper than this (top level = 1) collapse to `"…"`.
+    depth: usize,
+}
+
+const LEVELS: &[Limits] = &[
+    Limits {
+        string_chars: 100,
+        ends: 2,
+        depth: 3,
+    },
+    Limits {
+        string_chars: 60,
+        ends: 2,
+        depth: 3,
+    },
+    Limits {
+        string_chars: 40,
+        ends: 1,
+        depth: 3,
+    },
+    Limits {
+        string_chars: 40,
+        ends: 1,
+        depth: 2,
+    },
+    Limits {
+        string_chars: 20,
+        ends: 1,
+        depth: 2,
+    },
+    Limits {
+        string_chars: 20,
+        ends: 0,
+        depth: 2,
+    },
+    Limits {
+        string_chars: 20,
+        ends: 0,
+        depth: 1,
+    },
+    Limits {
+        string_chars: 8,
+        ends: 0,
+        depth: 1,
+    },
+];
+
+/// `text` shortened to at most `max_tokens`, or `None` when it already fits.
+pub fn compress(encoding: Encoding, text: &str, max_tokens: u64) -> Option<String> {
+    compress_counted(encoding, text, encoding.count(text), max_tokens)
+}
+
+/// [`compress`] for a text whose token count is already known.
+fn compress_counted(
+    encoding: Encoding,
+    text: &str,
+    tokens: u64,
+    max_tokens: u64,
+) -> Option<String> {
+    if tokens <= max_tokens {
+        return None;
+    }
+    let trimmed = text.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        if let Ok(value) = serde_json::from_str::<Value>(text) {
+            if let Some(out) = compress_json(encoding, &value, max_tokens) {
+                return Some(out);
+            }
+        }
+    }
+    Some(compress_plain(encoding, text, tokens, max_tokens))
+}
+
+fn fits(encoding: Encoding, text: &str, max_tokens: u64) -> bool {
+    encoding.count(text) <= max_tokens
+}
+
+fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<String> {
+    for limits in LEVELS {
+        let out = mark(shrink(value, limits, 1));
+        let text = out.to_string();
+        if fits(encoding, &text, max_tokens) {
+            return Some(text);
+        }
+    }
+    // Last resort: give up top-level entries, the newest-sorted first, until it fits.
+    let last = LEVELS[LEVELS.len() - 1];
+    match shrink(value, &last, 1) {
+        Value::Object(mut map) => {
+            let mut omitted = 0usize;
+            while let Some(key) = map.keys().next_back().cloned() {
+                map.remove(&key);
+                omitted += 1;
+                let mut candidate = map.clone();
+                candidate.insert("_omitted_keys".into(), Value::from(omitted));
+                let text = mark(Value::Object(candidate)).to_string();
+                if fits(encoding, &text, max_tokens) {
+                    return Some(text);
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Adds the `_compressed` marker to a top-level object (an array has nowhere to carry it; its
+/// `"… (K more items)"` entries say enough).
+fn mark(value: Value) -> Value {
+    match value {
+        Value::Object(mut map) => {
+            map.insert("_compressed".into(), Value::Bool(true));
+            Value::Object(map)
+        }
+        other => other,
+    }
+}
+
+fn shrink(value: &Value, limits: &Limits, depth: usize) -> Value {
+    match value {
+        Value::String(s) => Value::String(cut_string(s, limits.string_chars)),
+        Value::Array(_) | Value::Object(_) if depth > limits.depth => Value::String("…".into()),
+        Value::Array(items) => {
+            let n = items.len();
+            let keep = |it: &Value| shrink(it, limits, depth + 1);
+            if n > 2 * limits.ends && n > 0 {
+                let mut out: Vec<Value> = items[..limits.ends].iter().map(keep).collect();
+                let k = n - 2 * limits.ends;
+                out.push(Value::String(format!("… ({k} more items)")));
+                out.extend(items[n - limits.ends..].iter().map(keep));
+                Value::Array(out)
+            } else {
+                Value::Array(items.iter().map(keep).collect())
+            }
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), shrink(v, limits, depth + 1)))
+                .collect::<Map<_, _>>(),
+        ),
+        scalar => scalar.clone(),
+    }
+}
+
+fn cut_string(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((byte, _)) => format!("{}…", &s[..byte]),
+        None => s.to_string(),
+    }
+}
+
+/// Head and tail of `text` around an omission marker, shrinking until it fits.
+fn compress_plain(encoding: Encoding, text: &str, tokens: u64, max_tokens: u64) -> String {
+    let chars = text.chars().count() as u64;
+    // The marker costs about a dozen tokens; start from what is left and shrink by a tenth.
+    let mut keep_tokens = max_tokens.saturating_sub(12);
+    loop {
+        let keep_chars = (keep_tokens.saturating_mul(chars) / tokens.max(1)) as usize;
+        let head_chars = keep_chars.div_ceil(2);
+        let tail_chars = keep_chars - head_chars;
+        let head = prefix(text, head_chars);
+        let tail = suffix(text, chars as usize, tail_chars);
+        let omitted = tokens.saturating_sub(encoding.count(head) + encoding.count(tail));
+        let out = format!("{head}\n…[{omitted} tokens omitted]…\n{tail}");
+        if fits(encoding, &out, max_tokens) {
+            return out;
+        }
+        if keep_chars == 0 {
+            break;
+        }
+        keep_tokens = keep_tokens.saturating_sub((keep_tokens / 10).max(1));
+    }
+    // Not even the marker fits: the smallest honest thing left.
+    if fits(encoding, "…", max_tokens) {
+        "…".into()
+    } else {
+        String::new()
+    }
+}
+
+fn prefix(text: &str, n: usize) -> &str {
+    match text.char_indices().nth(n) {
+        Some((byte, _)) => &text[..byte],
+        None => text,
+    }
+}
+
+fn suffix(text: &str, total_chars: usize, n: usize) -> &str {
+    if n >= total_chars {
+        return text;
+    }
+    match text.char_indices().nth(total_chars - n) {
+        Some((byte, _)) => &text[byte..],
+        None => "",
+    }
+}
+
+pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
+    let encoding = work.encoding;
+    let counter = work.counter;
+    let max = policy.max_tokens;
+    let mut done = Vec::new();
+    for item in work.items.iter_mut().filter(|i| i.is_history_tool()) {
+        // Cheap bound first: the whole message costs more than its content, so a message
+        // within the limit needs no content count.
+        if item.tokens <= max {
+            continue;
+        }
+        // An unchanged message with an id may have been compressed on an earlier turn.
+        let key = item.id.filter(|_| matches!(item.msg, Cow::Borrowed(_)));
+        let result = match key.and_then(|id| counter.compressed().get_variant(encoding, &id, max)) {
+            Some(hit) => Some(hit),
+            None => {
+                let fresh = compress_item(encoding, item, max).map(Arc::new);
+                if let (Some(id), Some(r)) = (key, &fresh) {
+                    counter
+                        .compressed()
+                        .insert_variant(encoding, &id, max, r.clone());
+                }
+                fresh
+            }
+        };
+        let Some(result) = result else { continue };
+        let msg = item.msg.to_mut();
+        msg.content = Some(Value::String(result.text.clone()));
+        // Counted fresh: the message is new, only its content's count is known.
+        item.tokens = message_tokens(encoding, msg);
+        if let Some(index) = item.index {
+            done.push(Compressed {
+                index,
+                tokens_before: result.tokens_before,
+                tokens_after: result.tokens_after,
+            });
+        }
+    }
+    work.report.compressed.extend(done);
+}
+
+/// Compresses one tool message's content, or `None` when it is within the limit.
+fn compress_item(encoding: Encoding, item: &Item<'_>, max: u64) -> Option<CompressedText> {
+    // The content's count is the message's less the other fields', which are short: this
+    // spares tokenising a large result a second time.
+    let mut bare = Message {
+        content: None,
+        ..Message::text(item.msg.role.clone(), "")
+    };
+    bare.tool_call_id = item.msg.tool_call_id.clone();
+    bare.name = item.msg.name.clone();
+    bare.tool_calls = item.msg.tool_calls.clone();
+    let before = item.tokens.saturating_sub(message_tokens(encoding, &bare));
+    if before <= max {
+        return None;
+    }
+    let text = item.msg.text_content();
+    // Repair's made-up result is not tool output; shortening it would only make a second run
+    // differ from the first (repair adds it after this step).
+    if text == super::budget::NO_RESULT {
+        return None;
+    }
+    let text_tokens = match &item.msg.content {
+        Some(Value::String(_)) => before,
+        _ => encoding.count(&text), // content parts: images are not part of the text
+    };
+    let short = compress_counted(encoding, &text, text_tokens, max)?;
+    Some(CompressedText {
+        tokens_after: encoding.count(&short),
+        text: short,
+        tokens_before: before,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_cut_on_char_boundaries() {
+        assert_eq!(cut_string("東京東京", 2), "東京…");
+        assert_eq!(cut_string("ab", 5), "ab");
+    }
+
+    #[test]
+    fn tiny_limits_still_fit() {
+        let text = "word ".repeat(500);
+        for max in [0, 1, 3, 10, 20] {
+            let out = compress(Encoding::O200kBase, &text, max).unwrap();
+            assert!(Encoding::O200kBase.count(&out) <= max, "{max}: {out}");
+        }
+        let json = serde_json::json!({"a": "x".repeat(500), "b": [1,2,3,4,5,6,7,8]}).to_string();
+        for max in [5, 10, 20, 40] {
+            let out = compress(Encoding::O200kBase, &json, max).unwrap();
+            assert!(Encoding::O200kBase.count(&out) <= max, "{max}: {out}");
+        }
+    }
+}

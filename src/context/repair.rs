@@ -1,0 +1,144 @@
+//! Step 7, `repair`: always on, runs last, on the whole conversation. Afterwards every `tool`
+//! message answers a call of the nearest preceding assistant message with tool calls, with no
+//! other role between them; every call id is answered exactly once; no assistant message is
+//! left with neither content nor tool calls. Orphan results are dropped, late results moved back
+//! to their call, duplicate ids keep the first, unanswered calls are dropped or answered with
+//! `[no result recorded]`.
+//!
+//! Results stay in the order they came in: those already right after their call first, then the
+//! moved ones, then made-up ones, so a conversation that is already valid comes out unchanged.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+
+use super::budget::no_result_message;
+use super::policy::{Repair, UnansweredCalls};
+use super::removal::has_payload;
+use super::report::{RepairKind, Repaired};
+use super::segments::link_results;
+use super::work::{Item, Work};
+use crate::conversation::Role;
+
+pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
+    let items = std::mem::take(&mut work.items);
+    let links = link_results(items.iter().map(|i| &*i.msg));
+    let n = items.len();
+    let original: Vec<Option<usize>> = items.iter().map(|i| i.index).collect();
+    let is_tool: Vec<bool> = items.iter().map(|i| i.msg.role == Role::Tool).collect();
+
+    // Which position answers each call, first come first served; later ones are duplicates.
+    let mut answer: Vec<Vec<Option<usize>>> = items
+        .iter()
+        .map(|i| vec![None; i.msg.tool_calls().len()])
+        .collect();
+    let mut repaired: Vec<(usize, RepairKind)> = Vec::new();
+    for (pos, link) in links.iter().enumerate() {
+        if items[pos].msg.role != Role::Tool {
+            continue;
+        }
+        match *link {
+            None => {
+                repaired.push((pos, RepairKind::OrphanResult));
+            }
+            Some((owner, call)) => match answer[owner][call] {
+                Some(_) => {
+                    repaired.push((pos, RepairKind::DuplicateId));
+                }
+                None => answer[owner][call] = Some(pos),
+            },
+        }
+    }
+
+    let mut out: Vec<Item<'_>> = Vec::with_capacity(n);
+    let mut placeholders = 0u64;
+    let mut items: Vec<Option<Item<'_>>> = items.into_iter().map(Some).collect();
+    for pos in 0..n {
+        let Some(mut item) = items[pos].take() else {
+            continue; // already emitted as a moved result
+        };
+        match item.msg.role {
+            Role::Tool => {
+                // A result is taken by its call, which comes first (an answered call is always
+                // kept); what reaches here is an orphan or a duplicate, reported above.
+                drop(item);
+            }
+            Role::Assistant if item.msg.has_tool_calls() => {
+                let calls = item.msg.tool_calls();
+                let mut seen: HashSet<&str> = HashSet::new();
+                let mut keep = vec![true; calls.len()];
+                let mut missing: Vec<String> = Vec::new();
+                for (i, call) in calls.iter().enumerate() {
+                    if !seen.insert(call.id.as_str()) {
+                        keep[i] = false;
+                        repaired.push((pos, RepairKind::DuplicateId));
+                    } else if answer[pos][i].is_none() {
+                        repaired.push((pos, RepairKind::UnansweredCall));
+                        match policy.unanswered_calls {
+                            UnansweredCalls::Drop => keep[i] = false,
+                            UnansweredCalls::Placeholder => missing.push(call.id.clone()),
+                        }
+                    }
+                }
+                if keep.iter().any(|k| !k) {
+                    let msg = item.msg.to_mut();
+                    if let Some(calls) = msg.tool_calls_mut() {
+                        let mut i = 0;
+                        calls.retain(|_| {
+                            i += 1;
+                            keep[i - 1]
+                        });
+                    }
+                    if !msg.has_tool_calls() {
+                        msg.tool_calls = None;
+                    }
+                    item.tokens = work.count(msg);
+                }
+                if !item.msg.has_tool_calls() && !has_payload(&item.msg) {
+                    repaired.push((pos, RepairKind::EmptyAssistant));
+                    continue;
+                }
+                let history = item.history;
+                out.push(item);
+                // Results already in place (the tool block right after the call), then moved ones.
+                let mut results: Vec<usize> = answer[pos].iter().flatten().copied().collect();
+                results.sort_unstable();
+                let block_end = (pos + 1..n).find(|&p| !is_tool[p]).unwrap_or(n);
+                let (in_place, moved): (Vec<usize>, Vec<usize>) =
+                    results.into_iter().partition(|&r| r < block_end);
+                for r in in_place.into_iter().chain(moved.iter().copied()) {
+                    if let Some(res) = items[r].take() {
+                        out.push(res);
+                    }
+                }
+                for r in moved {
+                    repaired.push((r, RepairKind::MovedResult));
+                }
+                for id in missing {
+                    let msg = no_result_message(&id);
+                    let tokens = work.count(&msg);
+                    placeholders += 1;
+                    out.push(Item {
+                        msg: Cow::Owned(msg),
+                        index: None,
+                        id: None,
+                        tokens,
+                        history,
+                    });
+                }
+            }
+            Role::Assistant if !has_payload(&item.msg) => {
+                repaired.push((pos, RepairKind::EmptyAssistant));
+            }
+            _ => out.push(item),
+        }
+    }
+
+    work.report.placeholders += placeholders;
+    work.items = out;
+    // Positions above are into the working copy; the report speaks in original indices.
+    work.report.repaired.extend(
+        repaired
+            .into_iter()
+            .filter_map(|(pos, kind)| original[pos].map(|index| Repaired { index, kind })),
+    );
+}

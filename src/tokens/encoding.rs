@@ -1,0 +1,77 @@
+//! The tokenizers a model can use, and plain-text counting with each. The tiktoken encodings are
+//! process-wide singletons: building a BPE costs ~0.1 s, so it happens once per process.
+
+use serde::{Deserialize, Serialize};
+
+/// How a model's text is turned into tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// GPT-4o, GPT-4.1, GPT-5 and the o-series.
+    O200kBase,
+    /// GPT-4 and GPT-3.5.
+    Cl100kBase,
+    /// Unknown models: `ceil(chars / 4)`, chars being Unicode scalar values.
+    Approximate,
+}
+
+impl Encoding {
+    /// The name used in configuration (`o200k_base`, `cl100k_base`, `approximate`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Encoding::O200kBase => "o200k_base",
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::Approximate => "approximate",
+        }
+    }
+
+    /// The number of tokens of `text`. Special-token text such as `<|endoftext|>` is counted as
+    /// ordinary text, as a provider does for user content.
+    pub fn count(self, text: &str) -> u64 {
+        if text.is_empty() {
+            return 0;
+        }
+        match self {
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton()
+                .encode_ordinary(text)
+                .len() as u64,
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton()
+                .encode_ordinary(text)
+                .len() as u64,
+            Encoding::Approximate => (text.chars().count() as u64).div_ceil(4),
+        }
+    }
+
+    /// Builds the tokenizer now rather than on the first request that needs it.
+    pub fn warm_up(self) {
+        let _ = self.count("warm up");
+    }
+}
+
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn approximate_is_ceil_of_chars_over_four() {
+        assert_eq!(Encoding::Approximate.count(""), 0);
+        assert_eq!(Encoding::Approximate.count("abc"), 1);
+        assert_eq!(Encoding::Approximate.count("abcd"), 1);
+        assert_eq!(Encoding::Approximate.count("abcde"), 2);
+        // chars, not bytes
+        assert_eq!(Encoding::Approximate.count("東京東京東"), 2);
+    }
+
+    #[test]
+    fn encodings_parse_from_config_names() {
+        let e: Encoding = serde_json::from_str("\"o200k_base\"").unwrap();
+        assert_eq!(e, Encoding::O200kBase);
+        assert!(serde_json::from_str::<Encoding>("\"p50k\"").is_err());
+    }
+}

@@ -1,0 +1,247 @@
+//! Token counting as SPEC 5.1 defines it: a per-message formula over the model's encoding, a
+//! request total, and a process-wide cache of per-message counts so a long conversation is not
+//! re-tokenised on every turn.
+//!
+//! The formula for one message:
+//! `3 + tokens(role) + tokens(text of content) + 765 × non-text parts
+//!  + (name ? 1 + tokens(name) : 0)
+//!  + Σ tool_calls (3 + tokens(function.name) + tokens(function.arguments))
+//!  + (tool_call_id ? tokens(tool_call_id) : 0)`;
+//! a request is the sum plus 3, plus the tokens of the `tools` JSON when given.
+
+pub mod cache;
+pub mod encoding;
+pub mod models;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::conversation::{Message, MessageId};
+
+pub use cache::{CountCache, Memo};
+pub use encoding::Encoding;
+pub use models::{ModelEntry, ModelFacts, ModelOverrides, ModelTable};
+
+/// The flat cost of one non-text content part (image, audio, file).
+pub const NON_TEXT_PART_TOKENS: u64 = 765;
+/// The per-message overhead of the chat format.
+pub const MESSAGE_OVERHEAD: u64 = 3;
+/// The per-request overhead (the primed assistant reply).
+pub const REQUEST_OVERHEAD: u64 = 3;
+/// The per-call overhead of a tool call.
+pub const TOOL_CALL_OVERHEAD: u64 = 3;
+
+const DEFAULT_CAPACITY: usize = 200_000;
+
+/// Counts tokens and remembers per-message counts. One per process, shared by every request
+/// (it is `Sync`); cheap to call from many threads.
+pub struct TokenCounter {
+    cache: CountCache,
+    compressed: Memo<Arc<Compressed>>,
+}
+
+/// A tool result as `compress_tool_output` shortened it, remembered per (encoding, message id,
+/// limit) so a long conversation's old results are not compressed again on every turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compressed {
+    pub text: String,
+    /// Tokens of the original content text.
+    pub tokens_before: u64,
+    /// Tokens of `text`.
+    pub tokens_after: u64,
+}
+
+impl Default for TokenCounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TokenCounter {
+    /// A counter whose cache holds about 200 000 message counts (a few MB).
+    pub fn new() -> Self {
+        Self::with_capacity(DEFAULT_CAPACITY)
+    }
+
+    /// A counter whose cache keeps at least `capacity` recent message counts.
+    pub fn with_capacity(capacity: usize) -> Self {
+        TokenCounter {
+            cache: CountCache::new(capacity),
+            // Compressed results are larger than counts and rarer; a tenth of the entries.
+            compressed: Memo::new(capacity / 10),
+        }
+    }
+
+    /// Remembered compression results of tool messages.
+    pub fn compressed(&self) -> &Memo<Arc<Compressed>> {
+        &self.compressed
+    }
+
+    /// The cache, for inspection and for benchmarks that need it cold.
+    pub fn cache(&self) -> &CountCache {
+        &self.cache
+    }
+
+    /// Tokens of a plain string.
+    pub fn text(&self, encoding: Encoding, text: &str) -> u64 {
+        encoding.count(text)
+    }
+
+    /// Tokens of one message by the SPEC 5.1 formula, tokenising it now (no cache).
+    pub fn message(&self, encoding: Encoding, message: &Message) -> u64 {
+        message_tokens(encoding, message)
+    }
+
+    /// Tokens of one message whose chained id is `id`, from the cache when known.
+    pub fn message_with_id(&self, encoding: Encoding, message: &Message, id: &MessageId) -> u64 {
+        if let Some(n) = self.cache.get(encoding, id) {
+            return n;
+        }
+        // Tokenise outside any lock; two threads racing on one id both store the same number.
+        let n = message_tokens(encoding, message);
+        self.cache.insert(encoding, id, n);
+        n
+    }
+
+    /// Tokens of the request's `tools` JSON (compact serialisation). Cached by content, since a
+    /// client sends the same tools array on every turn.
+    pub fn tools(&self, encoding: Encoding, tools: &Value) -> u64 {
+        let json = serde_json::to_string(tools).unwrap_or_default();
+        let mut h = Sha256::new();
+        h.update(b"ctxproxy tools\0");
+        h.update(json.as_bytes());
+        let key = MessageId(h.finalize().into());
+        if let Some(n) = self.cache.get(encoding, &key) {
+            return n;
+        }
+        let n = encoding.count(&json);
+        self.cache.insert(encoding, &key, n);
+        n
+    }
+
+    /// Tokens of a whole request: every message, the request overhead and the tools. `ids`, when
+    /// given, must be parallel to `messages`; it makes the count use the cache.
+    pub fn request(
+        &self,
+        encoding: Encoding,
+        messages: &[Message],
+        ids: Option<&[MessageId]>,
+        tools: Option<&Value>,
+    ) -> u64 {
+        let messages_total: u64 = match ids.filter(|ids| ids.len() == messages.len()) {
+            Some(ids) => messages
+                .iter()
+                .zip(ids)
+                .map(|(m, id)| self.message_with_id(encoding, m, id))
+                .sum(),
+            None => messages.iter().map(|m| message_tokens(encoding, m)).sum(),
+        };
+        messages_total + REQUEST_OVERHEAD + tools.map_or(0, |t| self.tools(encoding, t))
+    }
+}
+
+/// The SPEC 5.1 cost of one message, tokenised now.
+pub fn message_tokens(encoding: Encoding, m: &Message) -> u64 {
+    let mut n = MESSAGE_OVERHEAD + encoding.count(m.role.as_str());
+    n += content_tokens(encoding, m.content.as_ref());
+    if let Some(name) = &m.name {
+        n += 1 + encoding.count(name);
+    }
+    for call in m.tool_calls() {
+        n += TOOL_CALL_OVERHEAD
+            + encoding.count(&call.function.name)
+            + encoding.count(&call.function.arguments);
+    }
+    if let Some(id) = &m.tool_call_id {
+        n += encoding.count(id);
+    }
+    n
+}
+
+/// Tokens of a `content` value: the text of its text parts, plus a flat cost per other part.
+pub fn content_tokens(encoding: Encoding, content: Option<&Value>) -> u64 {
+    match content {
+        None | Some(Value::Null) => 0,
+        Some(Value::String(s)) => encoding.count(s),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            let mut non_text = 0u64;
+            for p in parts {
+                match part_text(p) {
+                    Some(t) => text.push_str(t),
+                    None => non_text += 1,
+                }
+            }
+            encoding.count(&text) + non_text * NON_TEXT_PART_TOKENS
+        }
+        // Not a shape OpenAI accepts, but count what would be sent rather than nothing.
+        Some(other) => encoding.count(&other.to_string()),
+    }
+}
+
+/// The text of a text-like content part (`text`, `input_text`, `output_text`, `refusal`, or an
+/// untyped part with a `text` string); `None` for images, audio, files and the like.
+pub fn part_text(part: &Value) -> Option<&str> {
+    match part.get("type").and_then(Value::as_str) {
+        Some("text" | "input_text" | "output_text") | None => {
+            part.get("text").and_then(Value::as_str)
+        }
+        Some("refusal") => part.get("refusal").and_then(Value::as_str),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Role;
+    use serde_json::json;
+
+    fn msg(v: Value) -> Message {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn formula_adds_every_field() {
+        let e = Encoding::Approximate;
+        // role "assistant" = 3, args "{}" = 1, name "f" = 1, id "call_1" = 2
+        let m = msg(json!({"role":"assistant","content":null,
+            "tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}));
+        assert_eq!(message_tokens(e, &m), 3 + 3 + (3 + 1 + 1));
+        let t = msg(json!({"role":"tool","tool_call_id":"call_1","content":"abcdefgh"}));
+        assert_eq!(message_tokens(e, &t), 3 + 1 + 2 + 2);
+        let u = msg(
+            json!({"role":"user","name":"bob","content":[{"type":"text","text":"abcd"},
+            {"type":"image_url","image_url":{"url":"x"}}]}),
+        );
+        assert_eq!(message_tokens(e, &u), 3 + 1 + 1 + 765 + (1 + 1));
+    }
+
+    #[test]
+    fn request_adds_overhead_and_tools() {
+        let c = TokenCounter::new();
+        let e = Encoding::Approximate;
+        let m = Message::text(Role::User, "abcd");
+        let tools = json!([{"type":"function"}]);
+        let json_len = tools.to_string().chars().count() as u64;
+        assert_eq!(
+            c.request(e, std::slice::from_ref(&m), None, Some(&tools)),
+            message_tokens(e, &m) + 3 + json_len.div_ceil(4)
+        );
+    }
+
+    #[test]
+    fn cached_count_is_reused() {
+        let c = TokenCounter::new();
+        let m = Message::text(Role::User, "hello world");
+        let id = MessageId([7; 32]);
+        c.cache().insert(Encoding::O200kBase, &id, 999);
+        assert_eq!(c.message_with_id(Encoding::O200kBase, &m, &id), 999);
+        let other = MessageId([8; 32]);
+        let n = c.message_with_id(Encoding::O200kBase, &m, &other);
+        assert_eq!(n, c.message(Encoding::O200kBase, &m));
+        assert_eq!(c.cache().get(Encoding::O200kBase, &other), Some(n));
+    }
+}

@@ -1,0 +1,303 @@
+//! Token budget, stored summaries (applying and planning), the context-window check, the token
+//! cache and the report's JSON shape.
+
+mod support;
+
+use ctxproxy::Error;
+use ctxproxy::context::{
+    PipelineInput, Policy, RemoveReason, Report, StoredSummary, plan_summary, run,
+};
+use ctxproxy::conversation::{Message, Role, chain_ids};
+use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
+use serde_json::{Value, json};
+use support::*;
+
+fn weather() -> Vec<Message> {
+    messages(&fixture("weather_walkthrough.json"))
+}
+
+fn run_with(
+    msgs: &[Message],
+    policy: &Policy,
+    summary: Option<&StoredSummary>,
+) -> ctxproxy::context::Rewritten {
+    let mut input = PipelineInput::new(msgs, policy, O200K);
+    input.summary = summary;
+    run(input, &TokenCounter::new()).unwrap()
+}
+
+/// Original indices of the history messages (non-instruction, before the current turn) kept.
+fn kept_history(msgs: &[Message], out: &[Message]) -> Vec<usize> {
+    let start = current_turn_start(msgs);
+    out.iter()
+        .filter_map(|m| msgs[..start].iter().position(|x| x == m))
+        .filter(|&i| !msgs[i].role.is_instruction())
+        .collect()
+}
+
+#[test]
+fn budget_keeps_newest_whole_history_from_a_user_message() {
+    let msgs = weather();
+    let full = rewrite(&msgs, &policy(json!({}))).report.tokens_out;
+    for budget in [60, 150, 200, 260, 330, full - 1, full] {
+        let out = rewrite(
+            &msgs,
+            &policy(json!({"token_budget": {"max_tokens": budget}})),
+        );
+        let kept = kept_history(&msgs, &out.messages);
+        let history_end = current_turn_start(&msgs);
+        if let Some(&first) = kept.first() {
+            assert!(
+                out.report.tokens_out <= budget,
+                "budget {budget}: {}",
+                out.report.tokens_out
+            );
+            assert_eq!(msgs[first].role, Role::User, "budget {budget}");
+            // contiguous up to the current turn
+            assert_eq!(
+                kept,
+                (first..history_end).collect::<Vec<_>>(),
+                "budget {budget}"
+            );
+        }
+        assert_eq!(
+            &out.messages[..1],
+            &msgs[..1],
+            "the developer message stays"
+        );
+        assert_eq!(
+            out.messages[out.messages.len() - 4..],
+            msgs[msgs.len() - 4..]
+        );
+        assert!(
+            out.report
+                .removed
+                .iter()
+                .all(|r| r.reason == RemoveReason::TokenBudget)
+        );
+        check_valid(&out.messages).unwrap();
+    }
+    let all = rewrite(
+        &msgs,
+        &policy(json!({"token_budget": {"max_tokens": full}})),
+    );
+    assert_eq!(all.messages, msgs);
+}
+
+#[test]
+fn budget_ratio_is_a_share_of_the_context_window() {
+    let msgs = weather();
+    let p = policy(json!({"token_budget": {"target_ratio": 0.5}}));
+    let model = ModelFacts {
+        context_window: 500,
+        encoding: Encoding::O200kBase,
+    };
+    let out = run(PipelineInput::new(&msgs, &p, model), &TokenCounter::new()).unwrap();
+    assert!(out.report.tokens_out <= 250);
+    assert!(out.report.tokens_in > 250);
+}
+
+#[test]
+fn over_the_context_window_after_every_rewrite_is_an_error() {
+    let msgs = weather();
+    let p = policy(json!({"token_budget": {"max_tokens": 10}}));
+    let model = ModelFacts {
+        context_window: 60,
+        encoding: Encoding::O200kBase,
+    };
+    match run(PipelineInput::new(&msgs, &p, model), &TokenCounter::new()) {
+        Err(Error::ContextLengthExceeded { window: 60, needed }) => assert!(needed > 60),
+        other => panic!("{other:?}"),
+    }
+    // the same conversation fits once the budget has cut it
+    let model = ModelFacts {
+        context_window: 200,
+        encoding: Encoding::O200kBase,
+    };
+    assert!(run(PipelineInput::new(&msgs, &p, model), &TokenCounter::new()).is_ok());
+}
+
+#[test]
+fn summary_replaces_covered_history_after_the_leading_instructions() {
+    let msgs = weather();
+    let s = StoredSummary {
+        text: "Tokyo was sunny, Delhi windy.".into(),
+        covers_until: 8,
+    };
+    let out = run_with(&msgs, &policy(json!({})), Some(&s));
+    assert_eq!(out.messages[0], msgs[0]);
+    assert_eq!(out.messages[1].role, Role::System);
+    assert_eq!(
+        out.messages[1].text_content(),
+        "Summary of the earlier conversation:\nTokyo was sunny, Delhi windy."
+    );
+    assert_eq!(&out.messages[2..], &msgs[9..]);
+    let removed: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+    assert_eq!(removed, (1..=8).collect::<Vec<_>>());
+    assert!(
+        out.report
+            .removed
+            .iter()
+            .all(|r| r.reason == RemoveReason::Summary)
+    );
+    assert!(out.report.summary.used);
+    assert_eq!(out.report.summary.covers_until, Some(8));
+}
+
+#[test]
+fn summary_cut_never_splits_a_call_from_its_result() {
+    let msgs = weather();
+    // index 6 is run 2's call, 7 its result: the cut falls back to the call
+    let s = StoredSummary {
+        text: "t".into(),
+        covers_until: 6,
+    };
+    let out = run_with(&msgs, &policy(json!({})), Some(&s));
+    assert_eq!(&out.messages[2..], &msgs[6..]);
+    check_valid(&out.messages).unwrap();
+}
+
+#[test]
+fn summary_is_kept_by_the_budget() {
+    let msgs = weather();
+    let s = StoredSummary {
+        text: "earlier: weather in four cities".into(),
+        covers_until: 16,
+    };
+    let out = run_with(
+        &msgs,
+        &policy(json!({"token_budget": {"max_tokens": 120}})),
+        Some(&s),
+    );
+    assert!(
+        out.messages[1]
+            .text_content()
+            .starts_with("Summary of the earlier conversation:")
+    );
+    // the current turn is run 8: question, call, result, reply
+    assert_eq!(out.messages[2..], msgs[msgs.len() - 4..]);
+}
+
+fn counts(msgs: &[Message]) -> Vec<u64> {
+    let c = TokenCounter::new();
+    msgs.iter()
+        .map(|m| c.message(Encoding::O200kBase, m))
+        .collect()
+}
+
+fn summary_policy(
+    trigger: u64,
+    target: u64,
+    min: usize,
+) -> ctxproxy::context::policy::SummaryPolicy {
+    serde_json::from_value(json!({"model": "gpt-4o-mini", "trigger_tokens": trigger,
+        "target_tokens": target, "min_messages": min}))
+    .unwrap()
+}
+
+#[test]
+fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
+    let msgs = weather();
+    let tokens = counts(&msgs);
+    let history_end = current_turn_start(&msgs);
+    let history: u64 = tokens[1..history_end].iter().sum();
+    assert!(plan_summary(&summary_policy(history, 100, 4), &msgs, &tokens, None, 0).is_none());
+    assert!(plan_summary(&summary_policy(10, 100, 100), &msgs, &tokens, None, 0).is_none());
+    let plan = plan_summary(
+        &summary_policy(history - 1, 100, 4),
+        &msgs,
+        &tokens,
+        None,
+        0,
+    )
+    .unwrap();
+    assert_eq!(plan.from, 1);
+    assert_eq!(plan.history_tokens, history);
+    let rest: u64 = tokens[plan.until + 1..history_end].iter().sum();
+    let last_segment: u64 = tokens[plan.until - 1..=plan.until].iter().sum();
+    assert!(rest <= 100 && rest + last_segment > 100, "{plan:?}");
+    // a rolling summary starts after what the previous one covers
+    let prev = StoredSummary {
+        text: "x".into(),
+        covers_until: 8,
+    };
+    let plan = plan_summary(
+        &summary_policy(100, 100, 4),
+        &msgs,
+        &tokens,
+        Some(&prev),
+        20,
+    )
+    .unwrap();
+    assert_eq!(plan.from, 9);
+    assert!(msgs[plan.until + 1].role != Role::Tool);
+}
+
+#[test]
+fn cached_counts_equal_fresh_counts_and_fill_the_cache() {
+    let msgs = weather();
+    let values: Vec<Value> = wire(&msgs);
+    let ids = chain_ids(&values);
+    let counter = TokenCounter::new();
+    let p = policy(json!({"tool_call_window": {"max": 2}}));
+    let mut input = PipelineInput::new(&msgs, &p, O200K);
+    input.ids = Some(&ids);
+    let a = run(input, &counter).unwrap();
+    assert_eq!(counter.cache().len(), msgs.len());
+    let b = run(input, &counter).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a, rewrite(&msgs, &p));
+    input.ids = Some(&ids[1..]);
+    assert!(matches!(run(input, &counter), Err(Error::Internal(_))));
+}
+
+#[test]
+fn report_has_the_spec_shape_and_round_trips() {
+    let msgs = messages(&fixture("broken_pairs.json"));
+    let out = rewrite(&msgs, &policy(json!({"tool_call_window": {"max": 0}})));
+    let v = serde_json::to_value(&out.report).unwrap();
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut want = [
+        "tokens_in",
+        "tokens_out",
+        "removed",
+        "compressed",
+        "placeholders",
+        "repaired",
+        "summary",
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+    let removed = v["removed"].as_array().unwrap();
+    assert!(removed.contains(&json!({"index": 4, "role": "tool", "reason": "tool_call_window"})));
+    assert!(
+        v["repaired"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == &json!({"index": 2, "kind": "orphan_result"}))
+    );
+    assert_eq!(v["summary"], json!({"used": false, "covers_until": null}));
+    let back: Report = serde_json::from_value(v).unwrap();
+    assert_eq!(back, out.report);
+}
+
+#[test]
+fn remembered_compression_equals_fresh_compression() {
+    let msgs = messages(&fixture("compress.json"));
+    let ids = chain_ids(&wire(&msgs));
+    let counter = TokenCounter::new();
+    let p = policy(json!({"compress_tool_output": {"max_tokens": 100}}));
+    let mut input = PipelineInput::new(&msgs, &p, O200K);
+    input.ids = Some(&ids);
+    let first = run(input, &counter).unwrap();
+    assert!(
+        counter
+            .compressed()
+            .get_variant(Encoding::O200kBase, &ids[3], 100)
+            .is_some()
+    );
+    let second = run(input, &counter).unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first, rewrite(&msgs, &p));
+}

@@ -1,0 +1,187 @@
+//! Property tests over random conversations, valid and broken: whatever the policy, the output
+//! satisfies the repair invariant, keeps the instructions and the current turn, is a fixed point
+//! of the pipeline, and fits the token budget whenever what must be kept fits.
+
+mod support;
+
+use ctxproxy::context::{PipelineInput, Policy, run};
+use ctxproxy::conversation::{Message, Role};
+use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+use support::{check_valid, current_turn_start};
+
+const NAMES: [&str; 3] = ["get_weather", "search_web", "run_sql"];
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z ]{1,40}",
+        "[a-z0-9 ,.]{40,300}",
+        Just("東京の天気 🎉 ".repeat(12)),
+        Just(json!({"rows": (0..30).collect::<Vec<_>>(), "note": "x".repeat(150)}).to_string()),
+    ]
+}
+
+fn call(id: String, name: usize) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": NAMES[name], "arguments": "{\"q\":1}"}})
+}
+
+/// One turn done right: a question, optional rounds of calls with all their results, a reply.
+fn valid_turn() -> impl Strategy<Value = Vec<Value>> {
+    (
+        text(),
+        prop::collection::vec(prop::collection::vec((0..3usize, text()), 1..4), 0..3),
+        prop::option::of(text()),
+    )
+        .prop_map(|(q, rounds, reply)| {
+            let mut out = vec![json!({"role": "user", "content": q})];
+            for (r, calls) in rounds.into_iter().enumerate() {
+                let ids: Vec<String> = (0..calls.len())
+                    .map(|i| format!("call_{r}_{i}_{}", q.len()))
+                    .collect();
+                let tc: Vec<Value> = calls
+                    .iter()
+                    .zip(&ids)
+                    .map(|((n, _), id)| call(id.clone(), *n))
+                    .collect();
+                out.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
+                for ((_, t), id) in calls.iter().zip(&ids) {
+                    out.push(json!({"role": "tool", "tool_call_id": id, "content": t}));
+                }
+            }
+            if let Some(reply) = reply.filter(|r| !r.is_empty()) {
+                out.push(json!({"role": "assistant", "content": reply}));
+            }
+            out
+        })
+}
+
+/// Anything at all, from a small pool of ids so orphans, duplicates and late results happen.
+fn any_message() -> impl Strategy<Value = Value> {
+    let id = || (0..5u8).prop_map(|i| format!("c{i}"));
+    prop_oneof![
+        3 => text().prop_map(|t| json!({"role": "user", "content": t})),
+        2 => prop::option::of(text()).prop_map(|t| json!({"role": "assistant", "content": t})),
+        3 => (prop::collection::vec((id(), 0..3usize), 0..4), prop::option::of(text()))
+            .prop_map(|(calls, t)| {
+                let tc: Vec<Value> = calls.into_iter().map(|(i, n)| call(i, n)).collect();
+                json!({"role": "assistant", "content": t, "tool_calls": tc})
+            }),
+        4 => (id(), text()).prop_map(|(i, t)| json!({"role": "tool", "tool_call_id": i, "content": t})),
+        1 => text().prop_map(|t| json!({"role": "system", "content": t})),
+    ]
+}
+
+fn conversation() -> impl Strategy<Value = (Vec<Message>, bool)> {
+    let system = json!({"role": "system", "content": "You are a careful agent."});
+    let valid = prop::collection::vec(valid_turn(), 1..8).prop_map({
+        let system = system.clone();
+        move |turns| {
+            let mut v = vec![system.clone()];
+            v.extend(turns.into_iter().flatten());
+            (v, true)
+        }
+    });
+    let broken = prop::collection::vec(any_message(), 0..25).prop_map(move |msgs| {
+        let mut v = vec![system.clone()];
+        v.extend(msgs);
+        (v, false)
+    });
+    prop_oneof![valid, broken].prop_map(|(v, ok)| {
+        (
+            v.into_iter()
+                .map(|m| serde_json::from_value(m).unwrap())
+                .collect(),
+            ok,
+        )
+    })
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        prop::option::of((0..3usize, any::<bool>(), any::<bool>())),
+        prop::option::of((0..5usize, any::<bool>())),
+        prop::option::of(1..80u64),
+        prop::option::of(20..1500u64),
+        any::<bool>(),
+    )
+        .prop_map(|(filter, window, compress, budget, placeholder)| {
+            let mut p = json!({"repair": {"unanswered_calls": if placeholder { "placeholder" } else { "drop" }}});
+            if let Some((n, include, ph)) = filter {
+                let key = if include { "include" } else { "exclude" };
+                p["tool_filter"] = json!({key: [NAMES[n]], "placeholder": ph});
+            }
+            if let Some((max, turn)) = window {
+                p["tool_call_window"] = json!({"max": max, "unit": if turn { "turn" } else { "call" }});
+            }
+            if let Some(max) = compress {
+                p["compress_tool_output"] = json!({"max_tokens": max});
+            }
+            if let Some(max) = budget {
+                p["token_budget"] = json!({"max_tokens": max});
+            }
+            serde_json::from_value(p).unwrap()
+        })
+}
+
+fn model(o200k: bool) -> ModelFacts {
+    ModelFacts {
+        context_window: 1_000_000,
+        encoding: if o200k {
+            Encoding::O200kBase
+        } else {
+            Encoding::Approximate
+        },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn pipeline_output_is_valid_stable_and_within_budget(
+        (msgs, valid) in conversation(),
+        policy in policy(),
+        o200k in any::<bool>(),
+    ) {
+        let counter = TokenCounter::new();
+        let facts = model(o200k);
+        let out = run(PipelineInput::new(&msgs, &policy, facts), &counter).unwrap();
+
+        // the repair invariant
+        if let Err(e) = check_valid(&out.messages) {
+            return Err(TestCaseError::fail(format!("{e}\nin: {msgs:?}\nout: {:?}", out.messages)));
+        }
+        // the system message is kept
+        prop_assert_eq!(&out.messages[0], &msgs[0]);
+        // the current turn is kept: whole when it was valid, its user message always
+        let start = current_turn_start(&msgs);
+        if msgs[start].role == Role::User {
+            prop_assert!(out.messages.contains(&msgs[start]));
+            if valid {
+                let out_start = current_turn_start(&out.messages);
+                prop_assert_eq!(&out.messages[out_start..], &msgs[start..]);
+            }
+        }
+        // running the pipeline on its own output changes nothing
+        let again = run(PipelineInput::new(&out.messages, &policy, facts), &counter).unwrap();
+        prop_assert_eq!(&again.messages, &out.messages);
+        prop_assert_eq!(again.report.tokens_out, out.report.tokens_out);
+        // the budget holds unless even the kept-by-rule part is over it (then no history is left)
+        if let Some(b) = &policy.token_budget {
+            let limit = b.limit(facts.context_window);
+            let out_start = current_turn_start(&out.messages);
+            let history_left = out.messages[..out_start].iter().any(|m| !m.role.is_instruction());
+            prop_assert!(
+                out.report.tokens_out <= limit || !history_left,
+                "tokens_out {} over budget {} with history left", out.report.tokens_out, limit
+            );
+        }
+        // the report's count is the request as sent
+        prop_assert_eq!(
+            out.report.tokens_out,
+            counter.request(facts.encoding, &out.messages, None, None)
+        );
+    }
+}
