@@ -26,6 +26,8 @@ pub struct AppState {
     pub tool_access: crate::access::ToolAccess,
     /// Where conversations are kept.
     pub store: Arc<dyn Store>,
+    /// Token counts per message, shared by every request so a turn only counts what is new.
+    pub tokens: crate::tokens::TokenCounter,
 }
 
 impl AppState {
@@ -47,6 +49,7 @@ impl AppState {
             upstream,
             tool_access: Default::default(),
             store,
+            tokens: crate::tokens::TokenCounter::new(),
         })
     }
 }

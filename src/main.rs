@@ -106,8 +106,12 @@ fn check_config(path: PathBuf) -> ExitCode {
                 path.display(),
                 c.tenants.len(),
                 if c.tenants.len() == 1 { "" } else { "s" },
-                c.server.models.len(),
-                if c.server.models.len() == 1 { "" } else { "s" },
+                c.server.models.0.len(),
+                if c.server.models.0.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
             );
             ExitCode::SUCCESS
         }

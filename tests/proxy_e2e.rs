@@ -384,7 +384,9 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     let mut resp = client()
         .post(format!("{}/chat/completions", proxy.base_url()))
         .header("x-mock-chunk-delay-ms", "200")
-        .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
         .send()
         .await
         .unwrap();

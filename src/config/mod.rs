@@ -15,7 +15,8 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::context::Policy;
-pub use server::{ModelEntry, ServerFile};
+use crate::tokens::{ModelFacts, ModelTable};
+pub use server::ServerFile;
 pub use tenant::{HistoryMode, Keys, TenantFile};
 
 /// The environment variables that override the server file (SPEC section 2).
@@ -82,8 +83,26 @@ pub struct Config {
     pub tenants: Vec<Arc<Tenant>>,
     /// The admin token, read from the variable named by `admin.token_env`.
     pub admin_token: Option<String>,
+    /// The `models:` entries over the built-in model table.
+    pub models: Models,
     by_key: HashMap<[u8; 32], (usize, Option<String>)>,
     any_tenant: Option<usize>,
+}
+
+/// The model table in force (a newtype so `Config` stays `Debug`).
+pub struct Models(pub ModelTable);
+
+impl fmt::Debug for Models {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Models(..)")
+    }
+}
+
+impl Models {
+    /// Context window and encoding for a request's model.
+    pub fn lookup(&self, model: &str) -> ModelFacts {
+        self.0.lookup(model)
+    }
 }
 
 /// The result of a successful load: the configuration and warnings that did not stop it.
@@ -117,7 +136,7 @@ impl Config {
             }
         };
         apply_env_overrides(&mut server);
-        for pattern in server.models.keys() {
+        for (pattern, _) in &server.models.0 {
             if let Err(e) = globset::Glob::new(pattern) {
                 problems.push(Problem {
                     file: file_label.clone(),
@@ -125,6 +144,7 @@ impl Config {
                 });
             }
         }
+        let models = ModelTable::new(&server.models).unwrap_or_else(|_| ModelTable::built_in());
 
         let tenants_dir = server.tenants_dir.clone();
         let dir_label = tenants_dir
@@ -232,6 +252,7 @@ impl Config {
                 server,
                 tenants: tenants.into_iter().map(|(_, t)| t).collect(),
                 admin_token,
+                models: Models(models),
                 by_key,
                 any_tenant: any_tenant.map(|(i, _)| i),
             },

@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use indexmap::IndexMap;
 use serde::Deserialize;
 
 use crate::context::Policy;
+use crate::tokens::ModelOverrides;
 
 /// The whole server file. Every section has defaults so an empty file is valid.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -26,7 +26,7 @@ pub struct ServerFile {
     /// Glob on the request's model → the facts the pipeline needs; first match wins, then the
     /// built-in table.
     #[serde(default)]
-    pub models: IndexMap<String, ModelEntry>,
+    pub models: ModelOverrides,
 }
 
 /// `server:` — the HTTP side.
@@ -84,14 +84,6 @@ impl Default for AdminSection {
             token_env: default_admin_token_env(),
         }
     }
-}
-
-/// One entry of the `models:` table.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelEntry {
-    pub context_window: u64,
-    pub encoding: String,
 }
 
 fn default_listen() -> String {

@@ -1,6 +1,7 @@
-//! The managed routes, `/v1/chat/completions` and `/v1/responses`: parse the body into a typed
-//! request that keeps unknown fields, forward it, and relay the answer while the reply is
-//! rebuilt beside it. The work runs on its own task: a client that hangs up cancels nothing.
+//! The managed routes, `/v1/chat/completions` and `/v1/responses`, in SPEC 4.2's order: resolve
+//! the session → store the request's new messages → rewrite (pure pipeline) → forward → relay the
+//! answer while the reply is rebuilt beside it → store the reply and the request record. The work
+//! runs on its own task: a client that hangs up cancels nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,17 +10,38 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use http_body_util::BodyExt;
 use tracing::Instrument;
 
-use super::body::{parse_json, read_limited};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::body::read_limited;
+use super::call::{Call, chat_messages};
+use super::completion::Completion;
 use super::{request_id, tenant};
+use crate::access;
 use crate::app::AppState;
-use crate::config::Config;
-use crate::conversation::{ChatRequest, ResponsesRequest};
+use crate::config::{Config, HistoryMode, Selected, Tenant};
+use crate::context::{self, PipelineInput, Report, ToolAccess};
+use crate::conversation::{Message, Role, chain_ids};
 use crate::error::{Error, Result};
+use crate::session::{self, SessionLock};
+use crate::store::Scope;
+use crate::upstream::headers::bearer;
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
+
+/// Response header: the session the request was stored under.
+pub const SESSION_HEADER: &str = "x-ctxproxy-session";
+/// Response header: tokens of the conversation as the client's request implies it.
+pub const TOKENS_IN_HEADER: &str = "x-ctxproxy-tokens-in";
+/// Response header: tokens as sent upstream.
+pub const TOKENS_OUT_HEADER: &str = "x-ctxproxy-tokens-out";
+/// Request header overriding the tenant's history mode.
+pub const HISTORY_HEADER: &str = "x-ctxproxy-history";
+/// How long a session lease lasts without renewal (renewed every third of it while held), so a
+/// crashed process blocks its sessions for at most this long.
+const LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// Which managed API a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,29 +180,28 @@ enum Answer {
     Streaming(Response),
 }
 
-/// The request body to send upstream and whether the client asked for a stream.
-struct Prepared {
-    body: Vec<u8>,
-    stream: bool,
+/// The history mode for this request: `x-ctxproxy-history`, else the tenant's.
+fn history_mode(headers: &HeaderMap, tenant: &Tenant) -> Result<HistoryMode> {
+    match headers.get(HISTORY_HEADER) {
+        None => Ok(tenant.file.session.history),
+        Some(v) => v.to_str().ok().and_then(HistoryMode::parse).ok_or_else(|| {
+            Error::invalid(
+                "x-ctxproxy-history must be `client` or `server`",
+                Some(HISTORY_HEADER.to_string()),
+            )
+        }),
+    }
 }
 
-fn prepare(endpoint: Endpoint, bytes: &[u8]) -> Result<Prepared> {
-    let (body, stream) = match endpoint {
-        Endpoint::Chat => {
-            let req: ChatRequest = parse_json(bytes)?;
-            (serde_json::to_vec(&req), req.is_stream())
-        }
-        Endpoint::Responses => {
-            let req: ResponsesRequest = parse_json(bytes)?;
-            (serde_json::to_vec(&req), req.is_stream())
-        }
-    };
-    let body = body.map_err(|e| Error::Internal(format!("cannot encode request: {e}")))?;
-    Ok(Prepared { body, stream })
+/// Where a request's stored side is kept while the upstream works.
+struct Prepared {
+    call: Call,
+    completion: Completion,
+    report: Option<Report>,
 }
 
 async fn forward(
-    state: &AppState,
+    state: &Arc<AppState>,
     config: &Config,
     client_headers: &HeaderMap,
     body: Body,
@@ -190,41 +211,258 @@ async fn forward(
     let tenant = selected.tenant.clone();
     log.tenant = Some(tenant.name.clone());
     let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
-    let prepared = prepare(log.endpoint, &bytes)?;
+    let call = Call::parse(log.endpoint, &bytes)?;
+    let prepared = prepare(state, config, &selected, client_headers, call, log).await?;
+    let session_id = prepared.completion.session.clone();
+    let mut answer = send(state, &selected, client_headers, prepared, log).await?;
+    let response = match &mut answer {
+        Answer::Complete(r) | Answer::Streaming(r) => r,
+    };
+    if let Ok(v) = HeaderValue::from_str(&session_id) {
+        response.headers_mut().insert(SESSION_HEADER, v);
+    }
+    Ok(answer)
+}
 
+/// Resolves the session, stores the new messages and rewrites the conversation.
+async fn prepare(
+    state: &Arc<AppState>,
+    config: &Config,
+    selected: &Selected,
+    headers: &HeaderMap,
+    mut call: Call,
+    log: &AccessLog,
+) -> Result<Prepared> {
+    let tenant = &selected.tenant;
+    let store = state.store.as_ref();
+
+    // Step 1 of SPEC 5 first: a forbidden tool is refused before anything is stored.
+    let role = access::resolve_role(tenant, selected.key_role.as_deref(), headers)?;
+    let tools_in = call.tools_mut().take();
+    let allowed = state.tool_access.allowed(
+        tenant,
+        role.as_deref(),
+        tools_in.as_deref().unwrap_or_default(),
+    )?;
+    access::check_tool_choice(call.tool_choice(), &allowed)?;
+    *call.tools_mut() =
+        tools_in.map(|tools| allowed.kept.iter().map(|&i| tools[i].clone()).collect());
+
+    let mode = history_mode(headers, tenant)?;
+    let scope = Scope {
+        key_hash: bearer(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes()))),
+        user: call.user().map(str::to_string),
+    };
+    let incoming = call.take_conversation()?;
+    let previous = match call.previous_response_id() {
+        Some(id) => store
+            .find_response(&tenant.name, id)
+            .await?
+            .map(|r| (r.session, r.message)),
+        None => None,
+    };
+    let auto_ids = if mode == HistoryMode::Client && previous.is_none() && tenant.file.session.auto
+    {
+        chain_ids(&incoming)
+    } else {
+        Vec::new()
+    };
+    let resolved = session::resolve(
+        store,
+        tenant,
+        session::resolve::Hints {
+            headers,
+            metadata_session_id: call.metadata_session_id(),
+            previous_response: previous,
+            scope: &scope,
+            ids: &auto_ids,
+        },
+    )
+    .await?;
+    if resolved.anchor.is_some() {
+        call.clear_previous_response_id();
+    }
+    store
+        .get_or_create_session(&tenant.name, &resolved.id, &scope)
+        .await?;
+    let timeout = Duration::from_secs(tenant.file.upstream.timeout_s);
+    let lock = SessionLock::acquire(
+        state.store.clone(),
+        &tenant.name,
+        &resolved.id,
+        LEASE_TTL,
+        timeout,
+    )
+    .await?;
+    let t = Instant::now();
+    let assembled = session::assemble(
+        store,
+        &tenant.name,
+        &resolved.id,
+        mode,
+        resolved.anchor.map(session::history::Base::At),
+        incoming,
+    )
+    .await?;
+    crate::metrics::store_op("append_request", t.elapsed());
+
+    let report = match &mut call {
+        Call::Chat(_) => {
+            let messages = chat_messages(&assembled.messages)?;
+            check_current_turn(&messages, &allowed)?;
+            let facts = config.models.lookup(call.model());
+            let tools_json = call.tools_mut().clone().map(Value::Array);
+            let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
+                offered: allowed.offered.clone(),
+                scrub_history: tenant.file.tools.scrub_history,
+            });
+            let input = PipelineInput {
+                messages: &messages,
+                ids: Some(&assembled.ids),
+                tools: tools_json.as_ref(),
+                policy: &tenant.policy,
+                model: facts,
+                summary: None,
+                tool_access: tool_access.as_ref(),
+            };
+            let rewritten = context::run(input, &state.tokens)?;
+            count_rewrites(&rewritten.report);
+            call.put_chat_messages(rewritten.messages);
+            Some(rewritten.report)
+        }
+        Call::Responses(_) => {
+            call.put_items(assembled.messages);
+            None
+        }
+    };
+    let completion = Completion {
+        state: state.clone(),
+        tenant: tenant.name.clone(),
+        session: resolved.id,
+        lock: Some(lock),
+        reply_parent: assembled.reply_parent,
+        endpoint: log.endpoint,
+        model: call.model().to_string(),
+        request_id: log.request_id.clone(),
+        report: report.clone(),
+        started: log.started,
+    };
+    Ok(Prepared {
+        call,
+        completion,
+        report,
+    })
+}
+
+/// 403 when the current turn (after the last user message) calls a tool the role may not use.
+fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result<()> {
+    let start = messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map_or(0, |i| i + 1);
+    for m in &messages[start..] {
+        for call in m.tool_calls() {
+            if !allowed.permits(&call.function.name) {
+                return Err(access::forbidden(&call.function.name, "messages"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn count_rewrites(report: &Report) {
+    use crate::context::{RemoveReason as R, RepairKind as K};
+    for removed in &report.removed {
+        let reason = match removed.reason {
+            R::ToolAccess => "tool_access",
+            R::ToolFilter => "tool_filter",
+            R::ToolCallWindow => "tool_call_window",
+            R::TokenBudget => "token_budget",
+            R::Summary => "summary",
+        };
+        crate::metrics::rewrite(reason, 1);
+    }
+    if !report.compressed.is_empty() {
+        crate::metrics::rewrite("compress", report.compressed.len() as u64);
+    }
+    for repaired in &report.repaired {
+        let kind = match repaired.kind {
+            K::OrphanResult => "orphan_result",
+            K::MovedResult => "moved_result",
+            K::DuplicateId => "duplicate_id",
+            K::UnansweredCall => "unanswered_call",
+            K::EmptyAssistant => "empty_assistant",
+        };
+        crate::metrics::repair(kind, 1);
+    }
+}
+
+/// Forwards the prepared request and relays the answer; the completion runs when it is whole.
+async fn send(
+    state: &Arc<AppState>,
+    selected: &Selected,
+    client_headers: &HeaderMap,
+    prepared: Prepared,
+    log: &mut AccessLog,
+) -> Result<Answer> {
+    let Prepared {
+        call,
+        completion,
+        report,
+    } = prepared;
+    let tenant = &selected.tenant;
     let up = &tenant.file.upstream;
     let timeout = Duration::from_secs(up.timeout_s);
     let client = state
         .upstream
         .client(Duration::from_secs(up.connect_timeout_s))?;
-    let auth = tenant::upstream_auth(&selected);
+    let auth = tenant::upstream_auth(selected);
+    let body = call.to_body()?;
+    if let Some(r) = &report {
+        crate::metrics::tokens(&tenant.name, r.tokens_in, r.tokens_out);
+    }
     let upstream_started = Instant::now();
     log.upstream = Some((upstream_started, None));
-    let resp = upstream::send(
+    let sent = upstream::send(
         &client,
         Outgoing {
             method: Method::POST,
             url: format!("{}{}", tenant.upstream_base, log.endpoint.upstream_path()),
             headers: headers::to_upstream(client_headers, &auth, true),
-            body: reqwest::Body::from(prepared.body),
+            body: reqwest::Body::from(body),
             header_timeout: timeout,
         },
     )
-    .await?;
+    .await;
+    let resp = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            let (status, _, _) = e.classify();
+            completion
+                .finish(status, None, Some(upstream_started.elapsed()))
+                .await;
+            return Err(e);
+        }
+    };
 
     let status = resp.status();
-    let resp_headers = headers::to_client(resp.headers());
+    let mut resp_headers = headers::to_client(resp.headers());
+    if let Some(r) = &report {
+        resp_headers.insert(TOKENS_IN_HEADER, HeaderValue::from(r.tokens_in));
+        resp_headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(r.tokens_out));
+    }
     let is_sse = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
 
-    if status.is_success() && prepared.stream && is_sse {
+    if status.is_success() && call.is_stream() && is_sse {
         let stream_log = log.clone();
         let body = upstream::relay::tee_sse(resp, timeout, log.endpoint.kind(), move |outcome| {
             let mut stream_log = stream_log;
             async move {
+                let upstream_took = outcome.upstream_done.duration_since(upstream_started);
                 stream_log.upstream = Some((upstream_started, Some(outcome.upstream_done)));
                 if let Some(err) = &outcome.error {
                     tracing::warn!(error = %err, "stream ended early");
@@ -232,6 +470,9 @@ async fn forward(
                 if outcome.client_gone {
                     tracing::info!("client went away mid-stream; upstream read to its end");
                 }
+                completion
+                    .finish(status, Some(&outcome.reply), Some(upstream_took))
+                    .await;
                 stream_log.write(status);
             }
         });
@@ -245,23 +486,39 @@ async fn forward(
     let remaining = timeout.saturating_sub(upstream_started.elapsed());
     let bytes = match tokio::time::timeout(remaining, resp.bytes()).await {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => return Err(map_reqwest(e, timeout)),
-        Err(_) => return Err(Error::UpstreamTimeout(timeout)),
+        Ok(Err(e)) => {
+            let err = map_reqwest(e, timeout);
+            completion
+                .finish(err.classify().0, None, Some(upstream_started.elapsed()))
+                .await;
+            return Err(err);
+        }
+        Err(_) => {
+            completion
+                .finish(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    None,
+                    Some(upstream_started.elapsed()),
+                )
+                .await;
+            return Err(Error::UpstreamTimeout(timeout));
+        }
     };
-    log.upstream = Some((upstream_started, Some(Instant::now())));
-    if status.is_success() {
-        let _reply = Reply::from_body(log.endpoint.kind(), &bytes);
-    }
+    let upstream_done = Instant::now();
+    log.upstream = Some((upstream_started, Some(upstream_done)));
+    let reply = status
+        .is_success()
+        .then(|| Reply::from_body(log.endpoint.kind(), &bytes))
+        .flatten();
+    completion
+        .finish(
+            status,
+            reply.as_ref(),
+            Some(upstream_done - upstream_started),
+        )
+        .await;
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     *response.headers_mut() = resp_headers;
     Ok(Answer::Complete(response))
-}
-
-/// Collects a body (tests and small helpers).
-pub async fn collect(body: Body) -> Result<bytes::Bytes> {
-    body.collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| Error::Internal(e.to_string()))
 }

@@ -2,6 +2,8 @@
 //! the pieces every handler shares.
 
 pub mod body;
+pub mod call;
+pub mod completion;
 pub mod error;
 pub mod health;
 pub mod managed;

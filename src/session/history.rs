@@ -89,7 +89,10 @@ pub async fn assemble(
             ids.push(message_id(None, m));
             messages.push(m.clone());
         }
-        stored.iter().take_while(|m| is_instruction(&m.body)).count()
+        stored
+            .iter()
+            .take_while(|m| is_instruction(&m.body))
+            .count()
     };
     for m in stored.into_iter().skip(skip_stored_lead) {
         ids.push(m.id);

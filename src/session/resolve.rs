@@ -54,7 +54,9 @@ pub async fn resolve(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Re
             .filter(|s| valid_id(s))
             .ok_or_else(|| {
                 Error::invalid(
-                    format!("the {header} header must be 1 to {MAX_SESSION_ID} visible ASCII characters"),
+                    format!(
+                        "the {header} header must be 1 to {MAX_SESSION_ID} visible ASCII characters"
+                    ),
                     Some(header.clone()),
                 )
             })?;
@@ -67,7 +69,9 @@ pub async fn resolve(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Re
     if let Some(id) = hints.metadata_session_id {
         if !valid_id(id) {
             return Err(Error::invalid(
-                format!("metadata.session_id must be 1 to {MAX_SESSION_ID} visible ASCII characters"),
+                format!(
+                    "metadata.session_id must be 1 to {MAX_SESSION_ID} visible ASCII characters"
+                ),
                 Some("metadata.session_id".to_string()),
             ));
         }
