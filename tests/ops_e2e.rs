@@ -1,0 +1,344 @@
+//! End-to-end: operations (SPEC 2 reload, 8 metrics): `/metrics` after real traffic, config hot
+//! reload while serving, and no secret in any log line.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// The value of the first sample whose line starts with `prefix` (name plus labels).
+fn sample(metrics: &str, prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn scrape(proxy: &Proxy) -> String {
+    client()
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn metrics_show_every_family_with_sane_values() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    for i in 0..3 {
+        let resp = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&json!({"model": "gpt-4o", "messages": [{"role": "user", "content": format!("hello {i}")}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let streamed = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "gpt-4o", "stream": true, "messages": [{"role": "user", "content": "s"}]}))
+        .send()
+        .await
+        .unwrap();
+    let session = streamed.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    streamed.text().await.unwrap();
+    proxy.wait_for_records("default", &session, 1).await;
+    http.get(format!("{}/models", proxy.base_url()))
+        .send()
+        .await
+        .unwrap();
+
+    let m = scrape(&proxy).await;
+    let requests = sample(
+        &m,
+        "ctxproxy_requests_total{tenant=\"default\",endpoint=\"chat.completions\",status=\"200\"}",
+    );
+    assert_eq!(requests, Some(4.0), "{m}");
+    assert_eq!(
+        sample(
+            &m,
+            "ctxproxy_requests_total{tenant=\"default\",endpoint=\"passthrough\",status=\"200\"}"
+        ),
+        Some(1.0)
+    );
+    let duration_sum = sample(
+        &m,
+        "ctxproxy_request_duration_seconds_sum{endpoint=\"chat.completions\"}",
+    )
+    .unwrap();
+    let overhead_sum = sample(
+        &m,
+        "ctxproxy_overhead_seconds_sum{endpoint=\"chat.completions\"}",
+    )
+    .unwrap();
+    assert_eq!(
+        sample(
+            &m,
+            "ctxproxy_overhead_seconds_count{endpoint=\"chat.completions\"}"
+        ),
+        Some(4.0)
+    );
+    assert!(
+        overhead_sum < duration_sum,
+        "overhead {overhead_sum} < duration {duration_sum}"
+    );
+    assert!(sample(&m, "ctxproxy_upstream_duration_seconds_count").unwrap() >= 4.0);
+    let tokens_in = sample(&m, "ctxproxy_tokens_in_total{tenant=\"default\"}").unwrap();
+    let tokens_out = sample(&m, "ctxproxy_tokens_out_total{tenant=\"default\"}").unwrap();
+    assert!(
+        tokens_in > 0.0 && tokens_in >= tokens_out,
+        "{tokens_in} >= {tokens_out}"
+    );
+    for family in [
+        "ctxproxy_rewrites_total",
+        "ctxproxy_repairs_total",
+        "ctxproxy_summaries_total",
+        "ctxproxy_store_duration_seconds",
+        "ctxproxy_store_errors_total",
+        "ctxproxy_config_reloads_total",
+    ] {
+        assert!(m.contains(family), "{family} missing from:\n{m}");
+    }
+    assert!(
+        sample(
+            &m,
+            "ctxproxy_store_duration_seconds_count{op=\"insert_request\"}"
+        )
+        .unwrap()
+            >= 4.0
+    );
+}
+
+/// Sends one 3-tool-call conversation and returns how many tool messages reached the upstream.
+async fn tool_results_sent(
+    proxy: &Proxy,
+    mock: &ctxproxy::mock_upstream::MockHandle,
+    key: &str,
+) -> (u16, usize) {
+    let mut messages = vec![json!({"role": "system", "content": "agent"})];
+    for i in 0..3 {
+        let id = format!("c{i}");
+        messages.push(json!({"role": "user", "content": format!("q{i}")}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "r"}));
+        messages.push(json!({"role": "assistant", "content": "done"}));
+    }
+    messages.push(json!({"role": "user", "content": "next"}));
+    mock.clear_requests();
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth(key)
+        .json(&json!({"model": "m", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let tools = mock
+        .requests()
+        .first()
+        .and_then(|r| r.body_json())
+        .map(|b| {
+            b["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .count()
+        })
+        .unwrap_or(0);
+    (status, tools)
+}
+
+fn window_tenant(max: usize) -> String {
+    format!(
+        "keys: any\nupstream:\n  base_url: {{upstream}}\npolicy:\n  tool_call_window:\n    max: {max}\n"
+    )
+}
+
+#[tokio::test]
+async fn tenant_files_reload_while_serving() {
+    let opts = ProxyOptions::default().only_tenant("default", &window_tenant(2));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let tenants = proxy.dir.path().join("tenants");
+    assert_eq!(tool_results_sent(&proxy, &mock, "k").await, (200, 2));
+
+    // A changed window takes effect without a restart.
+    std::fs::write(
+        tenants.join("default.yaml"),
+        window_tenant(1).replace("{upstream}", &mock.base_url()),
+    )
+    .unwrap();
+    let mut reloaded = false;
+    for _ in 0..100 {
+        if tool_results_sent(&proxy, &mock, "k").await == (200, 1) {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reloaded, "the new tool_call_window.max was never used");
+
+    // A broken file keeps the last good configuration and counts an error.
+    let errors_before = sample(
+        &scrape(&proxy).await,
+        "ctxproxy_config_reloads_total{outcome=\"error\"}",
+    )
+    .unwrap();
+    std::fs::write(
+        tenants.join("default.yaml"),
+        "keys: any\npolicy: [this is: not valid\n",
+    )
+    .unwrap();
+    let mut counted = false;
+    for _ in 0..100 {
+        let now = sample(
+            &scrape(&proxy).await,
+            "ctxproxy_config_reloads_total{outcome=\"error\"}",
+        )
+        .unwrap();
+        if now > errors_before {
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(counted, "the failed reload was not counted");
+    assert_eq!(
+        tool_results_sent(&proxy, &mock, "k").await,
+        (200, 1),
+        "still the last good policy"
+    );
+
+    // A new tenant file with a new key: that key works at once after the reload.
+    std::fs::write(
+        tenants.join("default.yaml"),
+        window_tenant(1).replace("{upstream}", &mock.base_url()),
+    )
+    .unwrap();
+    use sha2::Digest;
+    let hash = hex::encode(sha2::Sha256::digest(b"sk-new-tenant"));
+    std::fs::write(
+        tenants.join("newco.yaml"),
+        format!("keys:\n  - sha256: {hash}\nupstream:\n  base_url: {}\n  api_key_env: HOME\npolicy:\n  tool_call_window:\n    max: 0\n", mock.base_url()),
+    )
+    .unwrap();
+    let mut works = false;
+    for _ in 0..100 {
+        if tool_results_sent(&proxy, &mock, "sk-new-tenant").await == (200, 0) {
+            works = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(works, "the new tenant's key never selected it");
+}
+
+#[tokio::test]
+async fn no_key_or_authorization_value_appears_in_logs() {
+    use std::process::Stdio;
+
+    let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    use sha2::Digest;
+    let client_key = "sk-proxy-CLIENTSECRET-1234567890";
+    let upstream_key = "sk-upstream-UPSTREAMSECRET-0987654321";
+    let hash = hex::encode(sha2::Sha256::digest(client_key.as_bytes()));
+    let opts = ProxyOptions::default()
+        .only_tenant(
+            "keyed",
+            &format!("keys:\n  - sha256: {hash}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: CTXPROXY_LOGTEST_UPSTREAM_KEY\n"),
+        )
+        .tenant("open", "keys: any\nupstream:\n  base_url: {upstream}\n");
+    let config = write_config(dir.path(), &opts, &mock.base_url());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Logs go to a file: a trace-level pipe nobody drains would block the proxy.
+    let log_path = dir.path().join("proxy.log");
+    let log_file = std::fs::File::create(&log_path).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("CTXPROXY_LISTEN", format!("127.0.0.1:{port}"))
+        .env("CTXPROXY_LOG", "trace")
+        .env("CTXPROXY_LOGTEST_UPSTREAM_KEY", upstream_key)
+        .env("CTXPROXY_ADMIN_TOKEN", "admin-SECRET-token-555")
+        .stdout(Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = client();
+    let mut up = false;
+    for _ in 0..200 {
+        if http
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the proxy binary did not become ready");
+    let any_key = "sk-any-ANYSECRET-777";
+    for (key, stream) in [
+        (client_key, false),
+        (client_key, true),
+        (any_key, false),
+        ("sk-wrong-WRONGSECRET-1", false),
+    ] {
+        let resp = http
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap();
+        http.get(format!("{base}/v1/models"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+    }
+    http.get(format!("{base}/ctxproxy/v1/sessions"))
+        .bearer_auth("admin-SECRET-token-555")
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    let logs = std::fs::read_to_string(&log_path).unwrap();
+    assert!(logs.contains("request"), "logs were captured: {logs}");
+    for secret in [
+        "CLIENTSECRET",
+        "UPSTREAMSECRET",
+        "ANYSECRET",
+        "WRONGSECRET",
+        "admin-SECRET",
+    ] {
+        assert!(!logs.contains(secret), "{secret} leaked into the logs");
+    }
+    assert!(
+        !logs.to_ascii_lowercase().contains("bearer "),
+        "an Authorization value leaked"
+    );
+}
