@@ -24,14 +24,13 @@ pub fn check_items(items: &[Value]) -> Result<(), String> {
     let mut open: HashSet<String> = HashSet::new();
     let mut answered: HashSet<String> = HashSet::new();
     for (i, item) in items.iter().enumerate() {
+        let id = call_id(item);
         match item["type"].as_str() {
-            Some("function_call") => {
-                if !open.insert(call_id(item)) || answered.contains(&call_id(item)) {
-                    return Err(format!("call {} at {i} repeats an id", call_id(item)));
-                }
+            // The guard opens the call; it fails only for an id already seen.
+            Some("function_call") if answered.contains(&id) || !open.insert(id.clone()) => {
+                return Err(format!("call {id} at {i} repeats an id"));
             }
             Some("function_call_output") => {
-                let id = call_id(item);
                 if !open.remove(&id) {
                     return Err(format!("output {id} at {i} answers no earlier open call"));
                 }
