@@ -236,3 +236,45 @@ async fn unknown_previous_response_id_is_forwarded_and_stored_in_a_new_session()
     assert_eq!(kept[0], input[0]);
     assert_eq!(kept.len(), 2, "the output and the reply");
 }
+
+#[tokio::test]
+async fn tool_access_reads_responses_tools_and_items() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [lookup]\n  default_role: viewer\n  scrub_history: true\n";
+    let (proxy, mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", tenant)).await;
+    let tools = json!([
+        {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+        {"type": "function", "name": "delete_all", "parameters": {"type": "object"}}
+    ]);
+    let forbidden_call = json!([
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "c1", "name": "delete_all", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "done"}
+    ]);
+    // A call to a forbidden tool in the current turn is refused before anything is sent.
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": forbidden_call, "tools": tools}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&body)["code"], "tool_not_allowed");
+    assert!(mock.requests().is_empty());
+
+    // In the history it is scrubbed; the tools offered are cut to the role's.
+    let mut input = forbidden_call.as_array().unwrap().clone();
+    input.push(json!({"role": "user", "content": "next"}));
+    respond(
+        &proxy,
+        &json!({"model": "m", "input": input, "tools": tools}),
+    )
+    .await;
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["tools"], json!([tools[0]]));
+    let sent_input = sent["input"].as_array().unwrap();
+    check_items(sent_input).unwrap();
+    assert!(call_ids(sent_input).is_empty(), "{sent}");
+    assert_eq!(sent_input.len(), 2);
+}
