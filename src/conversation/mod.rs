@@ -6,8 +6,10 @@ pub mod chat;
 pub mod identity;
 pub mod message;
 pub mod responses;
+pub mod responses_items;
 
 pub use chat::ChatRequest;
 pub use identity::{MessageId, chain_ids, message_id};
 pub use message::{FunctionCall, Message, Role, ToolCall};
 pub use responses::ResponsesRequest;
+pub use responses_items::ItemMessages;

@@ -75,6 +75,14 @@ impl Call {
         }
     }
 
+    /// The Responses request's `instructions` (counted as its system message).
+    pub fn instructions(&self) -> Option<&Value> {
+        match self {
+            Call::Chat(_) => None,
+            Call::Responses(r) => r.instructions.as_ref(),
+        }
+    }
+
     /// The request's `tools`, if it has any.
     pub fn tools_mut(&mut self) -> &mut Option<Vec<Value>> {
         match self {

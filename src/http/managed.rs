@@ -23,7 +23,7 @@ use crate::access;
 use crate::app::AppState;
 use crate::config::{Config, HistoryMode, Selected, Tenant};
 use crate::context::{self, PipelineInput, Report, ToolAccess};
-use crate::conversation::{Message, Role, chain_ids};
+use crate::conversation::{ItemMessages, Message, Role, chain_ids, responses_items};
 use crate::error::{Error, Result};
 use crate::session::{self, SessionLock};
 use crate::store::Scope;
@@ -331,8 +331,46 @@ async fn prepare(
             Some(rewritten.report)
         }
         Call::Responses(_) => {
-            call.put_items(assembled.messages);
-            None
+            let conv = ItemMessages::new(call.instructions(), &assembled.messages);
+            check_current_turn(&conv.messages, &allowed)?;
+            let facts = config.models.lookup(call.model());
+            let tools_json = call.tools_mut().clone().map(Value::Array);
+            let ids = conv.ids(&assembled.ids);
+            if call.previous_response_id().is_some() {
+                // An id the proxy does not know: the upstream holds history the proxy never
+                // saw, so a rewrite would be blind (repair would drop the results of calls only
+                // the upstream knows). The items go as received; only the tokens are reported.
+                let tokens = state.tokens.request(
+                    facts.encoding,
+                    &conv.messages,
+                    ids.as_deref(),
+                    tools_json.as_ref(),
+                );
+                call.put_items(assembled.messages);
+                Some(Report {
+                    tokens_in: tokens,
+                    tokens_out: tokens,
+                    ..Report::default()
+                })
+            } else {
+                let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
+                    offered: allowed.offered.clone(),
+                    scrub_history: tenant.file.tools.scrub_history,
+                });
+                let input = PipelineInput {
+                    messages: &conv.messages,
+                    ids: ids.as_deref(),
+                    tools: tools_json.as_ref(),
+                    policy: &tenant.policy,
+                    model: facts,
+                    summary: None,
+                    tool_access: tool_access.as_ref(),
+                };
+                let rewritten = context::run(input, &state.tokens)?;
+                count_rewrites(&rewritten.report);
+                call.put_items(responses_items::to_items(&rewritten.messages));
+                Some(conv.report_in_items(rewritten.report))
+            }
         }
     };
     let completion = Completion {

@@ -43,8 +43,21 @@ pub struct Hints<'a> {
     pub ids: &'a [MessageId],
 }
 
-/// Resolves the session id for a request of `tenant`.
+/// Resolves the session id for a request of `tenant`. A known `previous_response_id` anchors
+/// the history even when the header or metadata named the session, as long as it names the
+/// response's own session (another session's response cannot be continued in this one).
 pub async fn resolve(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Result<Resolved> {
+    let previous = hints.previous_response.clone();
+    let mut resolved = resolve_id(store, tenant, hints).await?;
+    if let Some((session, anchor)) = previous
+        && session == resolved.id
+    {
+        resolved.anchor = Some(anchor);
+    }
+    Ok(resolved)
+}
+
+async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Result<Resolved> {
     let header = &tenant.file.session.header;
     if let Some(v) = hints.headers.get(header.as_str()) {
         let id = v

@@ -69,7 +69,9 @@ where
             let event = format!("data: {}\n\n", err.body());
             let _ = tx.send(Ok(Bytes::from(event))).await;
         }
-        drop(tx);
+        // The body ends only once the reply is stored: a client that reads to the end and at
+        // once continues the conversation (a `previous_response_id`, a resent history) must
+        // find what this answer stored. Every byte has already been passed on.
         on_done(StreamOutcome {
             reply: acc.finish(),
             error,
@@ -77,6 +79,7 @@ where
             client_gone,
         })
         .await;
+        drop(tx);
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Body::from_stream(stream)

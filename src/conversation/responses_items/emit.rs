@@ -1,0 +1,110 @@
+//! Messages back to Responses input items. A message the pipeline left alone is its original
+//! items, verbatim. A call turn that lost calls keeps only the kept calls' original items, each
+//! with the reasoning that led it (reasoning that led a dropped call moves on to the next kept
+//! call of the turn, since the provider wants reasoning followed by its turn's output, and
+//! goes when no call of the turn is left). A compressed result is its original item with
+//! `output` replaced. Messages the pipeline made (repair's `[no result recorded]`, a summary)
+//! are written fresh.
+
+use serde_json::{Map, Value, json};
+
+use super::{INSTRUCTIONS_KEY, Kind, ORIGINAL_KEY, kind};
+use crate::conversation::{Message, Role};
+
+/// The items to send for the (rewritten) `messages`; the instructions message is left out.
+pub fn to_items(messages: &[Message]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        if m.extra.contains_key(INSTRUCTIONS_KEY) {
+            continue;
+        }
+        match m.extra.get(ORIGINAL_KEY).and_then(Value::as_array) {
+            Some(items) if !items.is_empty() => from_originals(m, items, &mut out),
+            _ => fresh(m, &mut out),
+        }
+    }
+    out
+}
+
+fn from_originals(m: &Message, items: &[Value], out: &mut Vec<Value>) {
+    if items.iter().any(|it| kind(it) == Kind::Call) {
+        return call_turn(m, items, out);
+    }
+    let (main, leads) = match items.split_last() {
+        Some(split) => split,
+        None => return,
+    };
+    out.extend(leads.iter().cloned());
+    let field = match kind(main) {
+        Kind::Output => "output",
+        Kind::Message => "content",
+        _ => {
+            out.push(main.clone());
+            return;
+        }
+    };
+    if m.content.as_ref() == main.get(field) {
+        out.push(main.clone());
+    } else {
+        let mut changed = main.clone();
+        if let Value::Object(obj) = &mut changed {
+            obj.insert(field.into(), m.content.clone().unwrap_or(Value::Null));
+        }
+        out.push(changed);
+    }
+}
+
+/// A call turn: text a step added (placeholder lines) first, then each kept call's original
+/// item with the reasoning items that led it or a dropped call before it.
+fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
+    if m.has_content() {
+        out.push(json!({"type": "message", "role": "assistant", "content": m.content}));
+    }
+    let mut kept: Vec<&str> = m.tool_calls().iter().map(|c| c.id.as_str()).collect();
+    let mut pending: Vec<&Value> = Vec::new();
+    for item in items {
+        if kind(item) != Kind::Call {
+            pending.push(item);
+            continue;
+        }
+        let id = item
+            .get("call_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if let Some(pos) = kept.iter().position(|k| *k == id) {
+            kept.remove(pos);
+            out.extend(pending.drain(..).cloned());
+            out.push(item.clone());
+        }
+    }
+}
+
+/// An item for a message that has no original: one the pipeline made.
+fn fresh(m: &Message, out: &mut Vec<Value>) {
+    match m.role {
+        Role::Tool => out.push(json!({
+            "type": "function_call_output",
+            "call_id": m.tool_call_id.clone().unwrap_or_default(),
+            "output": m.content.clone().unwrap_or(Value::String(String::new())),
+        })),
+        _ => {
+            if m.has_content() || !m.has_tool_calls() {
+                let mut item = Map::new();
+                item.insert("role".into(), Value::String(m.role.as_str().to_string()));
+                item.insert(
+                    "content".into(),
+                    m.content.clone().unwrap_or(Value::String(String::new())),
+                );
+                out.push(Value::Object(item));
+            }
+            for c in m.tool_calls() {
+                out.push(json!({
+                    "type": "function_call",
+                    "call_id": c.id,
+                    "name": c.function.name,
+                    "arguments": c.function.arguments,
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Responses API input items as the pipeline's [`Message`]s, and back (SPEC 7). The pipeline
+//! knows chat messages only; this module lets it rewrite Responses requests without knowing
+//! items, and guarantees that whatever it leaves alone goes upstream exactly as received.
+//!
+//! The mapping:
+//! - `message` items (and items with a `role` but no `type`) become a message of that role with
+//!   the item's `content` (a string or `input_text`/`output_text` parts) as content.
+//! - A run of consecutive `function_call` items becomes ONE assistant message with `tool_calls`
+//!   (the call id is the item's `call_id`), as chat has it, so windows and repair count a
+//!   parallel call turn the way they do for chat.
+//! - `function_call_output` becomes a `tool` message answering `call_id`.
+//! - `reasoning` items travel with the item that follows them: inside a run of calls they lead
+//!   the call after them and are dropped with it (see [`emit`]).
+//! - Every other item (`web_search_call`, `item_reference`, types not yet invented, …) becomes an
+//!   opaque message with role `item:<type>` and no content: no step removes or changes such a
+//!   message except the token budget, which drops old history whole turns at a time.
+//! - `instructions` becomes a leading `system` message, so it is counted and always kept; it is
+//!   never emitted as an item (the request's field is left as it is).
+//!
+//! Each message keeps the items it came from under [`ORIGINAL_KEY`] in `extra`, which is how
+//! [`to_items`] re-emits untouched items byte-for-value and edits only what a step changed.
+
+mod emit;
+
+use serde_json::{Map, Value, json};
+
+use crate::context::Report;
+use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
+
+pub use emit::to_items;
+
+/// The private `extra` key holding the original items of a message, in order.
+pub const ORIGINAL_KEY: &str = "__ctxproxy_items";
+/// The private `extra` key marking the message made from `instructions`.
+pub const INSTRUCTIONS_KEY: &str = "__ctxproxy_instructions";
+
+/// What an input item is, as far as the mapping cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Message,
+    Call,
+    Output,
+    Reasoning,
+    Opaque,
+}
+
+/// The kind of one wire item. Calls and outputs without a string `call_id`, and messages
+/// without a string `role`, are opaque: the upstream will judge them, the pipeline cannot.
+pub(crate) fn kind(item: &Value) -> Kind {
+    let has = |key: &str| item.get(key).is_some_and(Value::is_string);
+    match item.get("type").and_then(Value::as_str) {
+        Some("message") | None if has("role") => Kind::Message,
+        Some("function_call") if has("call_id") => Kind::Call,
+        Some("function_call_output") if has("call_id") => Kind::Output,
+        Some("reasoning") => Kind::Reasoning,
+        _ => Kind::Opaque,
+    }
+}
+
+/// A Responses conversation as pipeline messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemMessages {
+    /// The messages, `instructions` first when given.
+    pub messages: Vec<Message>,
+    /// For each message, the item the report names it by (a call turn: its first call);
+    /// `None` for the instructions.
+    pub item_index: Vec<Option<usize>>,
+    /// For each message, the last item it carries (its chained id names the message).
+    last_item: Vec<Option<usize>>,
+    /// How many items the messages were made from.
+    items: usize,
+}
+
+impl ItemMessages {
+    /// Maps `instructions` and `items` to messages.
+    pub fn new(instructions: Option<&Value>, items: &[Value]) -> ItemMessages {
+        let mut out = ItemMessages {
+            messages: Vec::with_capacity(items.len() + 1),
+            item_index: Vec::with_capacity(items.len() + 1),
+            last_item: Vec::with_capacity(items.len() + 1),
+            items: items.len(),
+        };
+        if let Some(text) = instructions.filter(|v| !v.is_null()) {
+            let content = match text {
+                Value::String(_) => text.clone(),
+                other => Value::String(other.to_string()),
+            };
+            let mut m = Message::text(Role::System, "");
+            m.content = Some(content);
+            m.extra.insert(INSTRUCTIONS_KEY.into(), Value::Bool(true));
+            out.push(m, None, None);
+        }
+        let kinds: Vec<Kind> = items.iter().map(kind).collect();
+        let mut i = 0;
+        while i < items.len() {
+            // Reasoning items lead whatever follows them; trailing ones stand alone.
+            let start = i;
+            while i < items.len() && kinds[i] == Kind::Reasoning {
+                i += 1;
+            }
+            if i == items.len() {
+                for k in start..i {
+                    out.push(opaque(&items[k..=k]), Some(k), Some(k));
+                }
+                break;
+            }
+            match kinds[i] {
+                Kind::Call => {
+                    let first_call = i;
+                    let end = call_run_end(&kinds, i);
+                    out.push(
+                        call_turn(&items[start..end]),
+                        Some(first_call),
+                        Some(end - 1),
+                    );
+                    i = end;
+                }
+                Kind::Output => {
+                    out.push(output(&items[start..=i]), Some(i), Some(i));
+                    i += 1;
+                }
+                Kind::Message => {
+                    out.push(message(&items[start..=i]), Some(i), Some(i));
+                    i += 1;
+                }
+                Kind::Reasoning | Kind::Opaque => {
+                    out.push(opaque(&items[start..=i]), Some(i), Some(i));
+                    i += 1;
+                }
+            }
+        }
+        out
+    }
+
+    fn push(&mut self, m: Message, index: Option<usize>, last: Option<usize>) {
+        self.messages.push(m);
+        self.item_index.push(index);
+        self.last_item.push(last);
+    }
+
+    /// Ids for the token cache, parallel to `messages`, from the chained ids of the items
+    /// (`item_ids` parallel to the items). A message is named by the id of its last item: that
+    /// id names the whole prefix, so it determines the message. `None` if the lengths differ.
+    pub fn ids(&self, item_ids: &[MessageId]) -> Option<Vec<MessageId>> {
+        if item_ids.len() != self.items {
+            return None;
+        }
+        self.messages
+            .iter()
+            .zip(&self.last_item)
+            .map(|(m, last)| match last {
+                Some(k) => item_ids.get(*k).copied(),
+                None => Some(message_id(
+                    None,
+                    &json!({"role": m.role.as_str(), "content": m.content}),
+                )),
+            })
+            .collect()
+    }
+
+    /// The pipeline's report with indices into the items instead of the messages, which is what
+    /// a Responses client sent (the instructions are never removed or repaired).
+    pub fn report_in_items(&self, mut report: Report) -> Report {
+        report.removed.retain_mut(|r| self.to_item(&mut r.index));
+        report.compressed.retain_mut(|c| self.to_item(&mut c.index));
+        report.repaired.retain_mut(|r| self.to_item(&mut r.index));
+        report
+    }
+
+    /// Rewrites a message index into its item index; false when it has none.
+    fn to_item(&self, index: &mut usize) -> bool {
+        match self.item_index.get(*index).copied().flatten() {
+            Some(i) => {
+                *index = i;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn with_originals(mut m: Message, items: &[Value]) -> Message {
+    m.extra
+        .insert(ORIGINAL_KEY.into(), Value::Array(items.to_vec()));
+    m
+}
+
+/// Where a run of calls starting at `i` ends: calls, and reasoning that leads a further call.
+fn call_run_end(kinds: &[Kind], mut i: usize) -> usize {
+    while i < kinds.len() {
+        match kinds[i] {
+            Kind::Call => i += 1,
+            Kind::Reasoning => {
+                let mut k = i;
+                while k < kinds.len() && kinds[k] == Kind::Reasoning {
+                    k += 1;
+                }
+                if k < kinds.len() && kinds[k] == Kind::Call {
+                    i = k;
+                } else {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    i
+}
+
+fn str_field(item: &Value, key: &str) -> String {
+    item.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// One assistant turn of calls (with the reasoning items among them).
+fn call_turn(items: &[Value]) -> Message {
+    let calls = items
+        .iter()
+        .filter(|it| kind(it) == Kind::Call)
+        .map(|it| ToolCall {
+            id: str_field(it, "call_id"),
+            kind: Some("function".into()),
+            function: FunctionCall {
+                name: str_field(it, "name"),
+                arguments: str_field(it, "arguments"),
+                extra: Map::new(),
+            },
+            extra: Map::new(),
+        })
+        .collect();
+    let mut m = Message::text(Role::Assistant, "");
+    m.content = None;
+    m.tool_calls = Some(Some(calls));
+    with_originals(m, items)
+}
+
+/// A `function_call_output` (last of `items`) as a tool result.
+fn output(items: &[Value]) -> Message {
+    let main = items.last().unwrap_or(&Value::Null);
+    let mut m = Message::text(Role::Tool, "");
+    m.content = main.get("output").cloned();
+    m.tool_call_id = Some(str_field(main, "call_id"));
+    with_originals(m, items)
+}
+
+/// A `message` item (last of `items`).
+fn message(items: &[Value]) -> Message {
+    let main = items.last().unwrap_or(&Value::Null);
+    let mut m = Message::text(Role::from(str_field(main, "role").as_str()), "");
+    m.content = main.get("content").cloned();
+    with_originals(m, items)
+}
+
+/// An item the pipeline does not understand (last of `items`).
+fn opaque(items: &[Value]) -> Message {
+    let main = items.last().unwrap_or(&Value::Null);
+    let kind = main
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown");
+    let mut m = Message::text(Role::Other(format!("item:{kind}")), "");
+    m.content = None;
+    with_originals(m, items)
+}

@@ -1,0 +1,280 @@
+//! End-to-end: `/v1/responses` fully managed (SPEC 7) between a real HTTP client and the mock
+//! upstream: the tool-call window over a long agent conversation (full input resent, or
+//! `previous_response_id`), unknown items and fields kept on the way up and into the store, and
+//! `previous_response_id` resolved by the proxy or, when unknown, forwarded.
+
+mod common;
+mod items_support;
+
+use common::*;
+use items_support::*;
+use serde_json::{Value, json};
+
+const WINDOWED: &str =
+    "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  tool_call_window: {max: 3}\n";
+
+/// Posts a Responses request; returns the body and the session the proxy stored it under.
+async fn respond(proxy: &Proxy, body: &Value) -> (Value, String) {
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-test")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    for h in ["x-ctxproxy-tokens-in", "x-ctxproxy-tokens-out"] {
+        assert!(resp.headers().contains_key(h), "{h} missing");
+    }
+    let session = resp.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (resp.json().await.unwrap(), session)
+}
+
+fn output(resp: &Value) -> Vec<Value> {
+    resp["output"].as_array().unwrap().clone()
+}
+
+/// The stored head branch of a session of tenant `default`, as wire items.
+async fn stored(proxy: &Proxy, session: &str) -> Vec<Value> {
+    let branch = proxy
+        .state
+        .store
+        .head_branch("default", session)
+        .await
+        .unwrap();
+    branch.into_iter().map(|m| m.body).collect()
+}
+
+/// Position of the last user message item: the current turn starts there.
+fn current_turn_start(items: &[Value]) -> usize {
+    items.iter().rposition(|i| i["role"] == "user").unwrap()
+}
+
+/// Drives a 30-call agent: each call is asked for by a user message, answered with a
+/// `function_call_output`, and acknowledged by the model. With `chained`, the client sends only
+/// the new items and `previous_response_id`; otherwise it resends the whole input.
+async fn windowed_agent(chained: bool) {
+    let (proxy, mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", WINDOWED)).await;
+    let tools = json!([{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]);
+    let mut full: Vec<Value> = Vec::new();
+    let mut calls: Vec<String> = Vec::new();
+    let mut previous: Option<String> = None;
+    let mut session: Option<String> = None;
+    for k in 0..30 {
+        for step in 0..2 {
+            let new = if step == 0 {
+                vec![json!({"role": "user", "content": format!("call lookup {{\"n\": {k}}}")})]
+            } else {
+                vec![
+                    json!({"type": "function_call_output", "call_id": calls[k], "output": format!("result {k}"), "x_trace": k}),
+                ]
+            };
+            full.extend(new.iter().cloned());
+            let mut body = json!({"model": "gpt-4o-mini", "tools": tools, "store": false});
+            match (&previous, chained) {
+                (Some(id), true) => {
+                    body["input"] = Value::Array(new);
+                    body["previous_response_id"] = json!(id);
+                }
+                _ => body["input"] = Value::Array(full.clone()),
+            }
+            let (resp, sid) = respond(&proxy, &body).await;
+            assert_eq!(
+                session.get_or_insert(sid.clone()),
+                &sid,
+                "one session throughout"
+            );
+            let out = output(&resp);
+            if step == 0 {
+                assert_eq!(out[0]["type"], "function_call", "{resp}");
+                calls.push(out[0]["call_id"].as_str().unwrap().to_string());
+            } else {
+                assert_eq!(out[0]["type"], "message", "{resp}");
+            }
+            full.extend(out);
+            previous = resp["id"].as_str().map(str::to_string);
+        }
+    }
+
+    let requests = mock.requests();
+    assert_eq!(requests.len(), 60);
+    for (n, r) in requests.iter().enumerate() {
+        let body = r.body_json().unwrap();
+        assert!(body.get("previous_response_id").is_none(), "request {n}");
+        assert_eq!(body["store"], false);
+        let input = body["input"].as_array().unwrap();
+        check_items(input).unwrap_or_else(|e| panic!("request {n}: {e}"));
+        let (k, step) = (n / 2, n % 2);
+        let start = current_turn_start(input);
+        let history_calls = call_ids(&input[..start]);
+        assert_eq!(history_calls, calls[k.saturating_sub(3)..k], "request {n}");
+        let current_calls = call_ids(&input[start..]);
+        assert_eq!(current_calls, calls[k..k + step], "request {n}");
+        // The client's own fields on results survive the rewrite.
+        for item in input.iter().filter(|i| i["type"] == "function_call_output") {
+            assert!(item.get("x_trace").is_some(), "{item}");
+        }
+    }
+
+    // Nothing the window dropped is lost: the store has the whole conversation.
+    let kept = stored(&proxy, session.as_deref().unwrap()).await;
+    assert_eq!(kept.len(), full.len());
+    assert_eq!(call_ids(&kept), calls);
+    check_items(&kept).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_keeps_last_three_calls_when_client_resends_input() {
+    windowed_agent(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_keeps_last_three_calls_with_previous_response_id() {
+    windowed_agent(true).await;
+}
+
+#[tokio::test]
+async fn unknown_items_and_fields_reach_upstream_and_store_verbatim() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let f = fixture("mixed_items.json");
+    let items = f["input"].as_array().unwrap().clone();
+    let body = json!({
+        "model": "gpt-4o-mini",
+        "instructions": f["instructions"],
+        "input": items,
+        "include": ["reasoning.encrypted_content"],
+        "reasoning": {"effort": "low", "x_new": 1},
+        "some_future_field": {"nested": [1, "two"]},
+    });
+    let (resp, session) = respond(&proxy, &body).await;
+    assert_eq!(
+        resp["output"][0]["content"][0]["text"],
+        format!("ok: {} messages", items.len())
+    );
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent, body, "the request went up unchanged");
+
+    let reply = output(&resp);
+    let mut expected = items.clone();
+    expected.extend(reply.iter().cloned());
+    assert_eq!(stored(&proxy, &session).await, expected);
+
+    // The stored items come back verbatim when the proxy rebuilds the input.
+    let next = json!({"role": "user", "content": "more", "x_client": "kept"});
+    let (_, again) = respond(
+        &proxy,
+        &json!({"model": "gpt-4o-mini", "previous_response_id": resp["id"], "input": [next]}),
+    )
+    .await;
+    assert_eq!(again, session);
+    expected.push(next);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["input"], Value::Array(expected.clone()));
+    assert!(
+        sent.get("instructions").is_none(),
+        "instructions are not carried over"
+    );
+    assert_eq!(stored(&proxy, &session).await.len(), expected.len() + 1);
+}
+
+#[tokio::test]
+async fn previous_response_id_is_resolved_into_full_input() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, session) = respond(&proxy, &json!({"model": "m", "input": "hello"})).await;
+    let (second, again) = respond(
+        &proxy,
+        &json!({"model": "m", "input": "again", "previous_response_id": first["id"], "stream": false}),
+    )
+    .await;
+    assert_eq!(again, session);
+    assert_eq!(second["output"][0]["content"][0]["text"], "ok: 3 messages");
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert!(sent.get("previous_response_id").is_none());
+    assert_eq!(types(sent["input"].as_array().unwrap()), ["message"; 3]);
+    assert_eq!(sent["input"][1], output(&first)[0]);
+
+    // Streamed, with the session also named by the header: still resolved.
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-session-id", &session)
+        .json(&json!({"model": "m", "input": "third", "stream": true, "previous_response_id": second["id"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-ctxproxy-session"], session.as_str());
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("ok: 5 messages"), "{text}");
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert!(sent.get("previous_response_id").is_none());
+    assert_eq!(sent["input"].as_array().unwrap().len(), 5);
+    // The stream ends only once its reply is stored, so a client can continue at once.
+    assert_eq!(stored(&proxy, &session).await.len(), 6);
+}
+
+#[tokio::test]
+async fn unknown_previous_response_id_is_forwarded_and_stored_in_a_new_session() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (_, known) = respond(&proxy, &json!({"model": "m", "input": "hello"})).await;
+    let input =
+        json!([{"type": "function_call_output", "call_id": "call_upstream_only", "output": "42"}]);
+    let (resp, session) = respond(
+        &proxy,
+        &json!({"model": "m", "input": input, "previous_response_id": "resp_not_ours"}),
+    )
+    .await;
+    assert_ne!(session, known);
+    assert_eq!(resp["previous_response_id"], "resp_not_ours");
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], "resp_not_ours");
+    // The upstream knows the call this output answers: the items go as received, unrepaired.
+    assert_eq!(sent["input"], input);
+    let kept = stored(&proxy, &session).await;
+    assert_eq!(kept[0], input[0]);
+    assert_eq!(kept.len(), 2, "the output and the reply");
+}
+
+#[tokio::test]
+async fn tool_access_reads_responses_tools_and_items() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [lookup]\n  default_role: viewer\n  scrub_history: true\n";
+    let (proxy, mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", tenant)).await;
+    let tools = json!([
+        {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
+        {"type": "function", "name": "delete_all", "parameters": {"type": "object"}}
+    ]);
+    let forbidden_call = json!([
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "c1", "name": "delete_all", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "done"}
+    ]);
+    // A call to a forbidden tool in the current turn is refused before anything is sent.
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": forbidden_call, "tools": tools}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&body)["code"], "tool_not_allowed");
+    assert!(mock.requests().is_empty());
+
+    // In the history it is scrubbed; the tools offered are cut to the role's.
+    let mut input = forbidden_call.as_array().unwrap().clone();
+    input.push(json!({"role": "user", "content": "next"}));
+    respond(
+        &proxy,
+        &json!({"model": "m", "input": input, "tools": tools}),
+    )
+    .await;
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["tools"], json!([tools[0]]));
+    let sent_input = sent["input"].as_array().unwrap();
+    check_items(sent_input).unwrap();
+    assert!(call_ids(sent_input).is_empty(), "{sent}");
+    assert_eq!(sent_input.len(), 2);
+}

@@ -1,0 +1,254 @@
+//! Responses items ⇄ pipeline messages (SPEC 7): the mapping round trip keeps every item and
+//! field, and each pipeline step's change comes back as the right items, on the fixtures in
+//! tests/fixtures/responses/.
+
+mod items_support;
+
+use ctxproxy::context::{PipelineInput, Policy, RemoveReason, Rewritten, run};
+use ctxproxy::conversation::responses_items::{ORIGINAL_KEY, to_items};
+use ctxproxy::conversation::{ItemMessages, Role, chain_ids};
+use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
+use items_support::*;
+use serde_json::{Value, json};
+
+const MODEL: ModelFacts = ModelFacts {
+    context_window: 128_000,
+    encoding: Encoding::O200kBase,
+};
+
+fn input(v: &Value) -> Vec<Value> {
+    v["input"].as_array().unwrap().clone()
+}
+
+fn rewrite(conv: &ItemMessages, policy: Value) -> Rewritten {
+    let policy: Policy = serde_json::from_value(policy).unwrap();
+    run(
+        PipelineInput::new(&conv.messages, &policy, MODEL),
+        &TokenCounter::new(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn mapping_round_trip_keeps_every_item_verbatim() {
+    for name in [
+        "mixed_items.json",
+        "agent_history.json",
+        "broken_pairs.json",
+    ] {
+        let f = fixture(name);
+        let items = input(&f);
+        let conv = ItemMessages::new(f.get("instructions"), &items);
+        assert_eq!(to_items(&conv.messages), items, "{name}");
+    }
+}
+
+#[test]
+fn items_map_to_chat_shaped_messages() {
+    let f = fixture("mixed_items.json");
+    let conv = ItemMessages::new(f.get("instructions"), &input(&f));
+    let roles: Vec<&str> = conv.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(
+        roles,
+        [
+            "system",
+            "developer",
+            "user",
+            "assistant",
+            "tool",
+            "tool",
+            "item:web_search_call",
+            "assistant",
+            "item:image_generation_call",
+            "item:file_search_call",
+            "item:item_reference",
+            "item:some_future_item",
+            "user",
+        ]
+    );
+    assert_eq!(conv.messages[0].text_content(), "You are a careful agent.");
+    // Two consecutive calls (with the reasoning among them) are one assistant turn.
+    let turn = &conv.messages[3];
+    let ids: Vec<&str> = turn.tool_calls().iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["call_a", "call_b"]);
+    assert_eq!(turn.tool_calls()[1].function.name, "get_weather");
+    assert_eq!(turn.extra[ORIGINAL_KEY].as_array().unwrap().len(), 4);
+    assert_eq!(conv.messages[4].tool_call_id.as_deref(), Some("call_a"));
+    assert_eq!(
+        conv.messages[2].text_content(),
+        "What is the weather in Tokyo and Paris?"
+    );
+    // The report names a message by its item: the turn by its first call.
+    assert_eq!(conv.item_index[0], None);
+    assert_eq!(conv.item_index[3], Some(3));
+}
+
+#[test]
+fn ids_name_each_message_by_its_last_item() {
+    let f = fixture("mixed_items.json");
+    let items = input(&f);
+    let item_ids = chain_ids(&items);
+    let conv = ItemMessages::new(f.get("instructions"), &items);
+    let ids = conv.ids(&item_ids).unwrap();
+    assert_eq!(ids.len(), conv.messages.len());
+    assert_eq!(ids[3], item_ids[5], "the call turn ends at its second call");
+    assert_eq!(ids.last(), item_ids.last());
+    assert!(conv.ids(&item_ids[1..]).is_none());
+}
+
+#[test]
+fn valid_conversation_passes_the_pipeline_unchanged() {
+    let f = fixture("mixed_items.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(f.get("instructions"), &items);
+    let out = rewrite(&conv, json!({}));
+    assert!(out.report.repaired.is_empty(), "{:?}", out.report);
+    assert_eq!(to_items(&out.messages), items);
+    assert!(out.report.tokens_in > 0);
+}
+
+#[test]
+fn window_drops_old_turn_with_its_reasoning() {
+    let f = fixture("agent_history.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({"tool_call_window": {"max": 1}}));
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert_eq!(call_ids(&sent), ["c3"]);
+    assert!(
+        !sent.iter().any(|i| i["id"] == "rs_1"),
+        "rs_1 went with its turn"
+    );
+    let rs2 = sent.iter().position(|i| i["id"] == "rs_2").unwrap();
+    assert_eq!(
+        sent[rs2 + 1]["call_id"],
+        "c3",
+        "reasoning still leads its call"
+    );
+    // Everything else is sent as received.
+    let kept: Vec<&Value> = items
+        .iter()
+        .filter(|i| !["rs_1", "fc_1", "fc_2"].contains(&i["id"].as_str().unwrap_or("")))
+        .filter(|i| !["c1", "c2"].contains(&i["call_id"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(sent.iter().collect::<Vec<_>>(), kept);
+    let report = conv.report_in_items(out.report);
+    let removed: Vec<(usize, RemoveReason)> =
+        report.removed.iter().map(|r| (r.index, r.reason)).collect();
+    let w = RemoveReason::ToolCallWindow;
+    assert_eq!(
+        removed,
+        [(2, w), (4, w), (5, w)],
+        "indices are item indices"
+    );
+}
+
+#[test]
+fn reasoning_moves_to_the_next_kept_call_of_its_turn() {
+    let f = fixture("agent_history.json");
+    let conv = ItemMessages::new(None, &input(&f));
+    // History calls c1 c2 c3: a window of two drops c1 only, whose reasoning led the turn.
+    let out = rewrite(&conv, json!({"tool_call_window": {"max": 2}}));
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert_eq!(call_ids(&sent), ["c2", "c3"]);
+    let rs1 = sent.iter().position(|i| i["id"] == "rs_1").unwrap();
+    assert_eq!(sent[rs1 + 1]["call_id"], "c2");
+}
+
+#[test]
+fn compressed_output_keeps_the_item_and_its_fields() {
+    let big = (0..400)
+        .map(|i| format!("line {i} of a long log"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let items = vec![
+        json!({"role": "user", "content": "run it"}),
+        json!({"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": big, "x_keep": 1}),
+        json!({"role": "user", "content": "summarise"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({"compress_tool_output": {"max_tokens": 50}}));
+    let sent = to_items(&out.messages);
+    assert_eq!(sent.len(), 4);
+    let output = &sent[2];
+    assert_eq!(output["x_keep"], 1);
+    assert_eq!(output["call_id"], "c1");
+    let text = output["output"].as_str().unwrap();
+    assert!(
+        text.len() < big.len() && text.contains("tokens omitted"),
+        "{text}"
+    );
+    assert_eq!(conv.report_in_items(out.report).compressed[0].index, 2);
+}
+
+#[test]
+fn repair_restores_the_items_invariant() {
+    let f = fixture("broken_pairs.json");
+    let items = input(&f);
+    check_items(&items).unwrap_err();
+    let conv = ItemMessages::new(None, &items);
+    let drop = to_items(&rewrite(&conv, json!({})).messages);
+    check_items(&drop).unwrap();
+    assert_eq!(call_ids(&drop), ["c1"]);
+    assert!(!drop.iter().any(|i| i["call_id"] == "ghost"));
+
+    let out = rewrite(
+        &conv,
+        json!({"repair": {"unanswered_calls": "placeholder"}}),
+    );
+    let placeholder = to_items(&out.messages);
+    check_items(&placeholder).unwrap();
+    assert_eq!(call_ids(&placeholder), ["c1", "c2"]);
+    let made = placeholder
+        .iter()
+        .find(|i| i["call_id"] == "c2" && i["type"] == "function_call_output");
+    assert_eq!(made.unwrap()["output"], "[no result recorded]");
+}
+
+#[test]
+fn filter_placeholder_becomes_an_assistant_message() {
+    let f = fixture("agent_history.json");
+    let conv = ItemMessages::new(None, &input(&f));
+    let out = rewrite(
+        &conv,
+        json!({"tool_filter": {"exclude": ["search_hotels"], "placeholder": true}}),
+    );
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert_eq!(call_ids(&sent), ["c1", "c3"]);
+    let note = sent
+        .iter()
+        .position(|i| i["content"] == "[tool call omitted: search_hotels]")
+        .unwrap();
+    assert_eq!(sent[note]["role"], "assistant");
+    assert_eq!(sent[note + 1]["id"], "rs_1");
+}
+
+#[test]
+fn unknown_items_are_never_the_current_turn_or_removed_by_history_steps() {
+    let f = fixture("mixed_items.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(f.get("instructions"), &items);
+    let out = rewrite(
+        &conv,
+        json!({"tool_call_window": {"max": 0}, "tool_filter": {"include": []}}),
+    );
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert!(call_ids(&sent).is_empty());
+    for t in [
+        "web_search_call",
+        "image_generation_call",
+        "file_search_call",
+        "item_reference",
+        "some_future_item",
+    ] {
+        let original = items.iter().find(|i| i["type"] == t).unwrap();
+        assert!(sent.contains(original), "{t} kept verbatim");
+    }
+    assert!(!types(&sent).contains(&"reasoning".to_string()));
+    assert!(out.messages.iter().all(|m| m.role != Role::Tool));
+}
