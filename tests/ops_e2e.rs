@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The value of the first sample whose line starts with `prefix` (name plus labels).
 fn sample(metrics: &str, prefix: &str) -> Option<f64> {
