@@ -179,6 +179,57 @@ async fn responses_call_trigger_answers_a_function_call_item() {
 }
 
 #[tokio::test]
+async fn semicolon_joined_calls_answer_parallel_tool_calls_in_both_apis() {
+    let mock = mock().await;
+    let trigger = r#"call get_weather {"city": "Oslo"}; call get_time {}"#;
+    let chat = json!({ "model": "m", "messages": [user(trigger)] });
+    let (_, reply) = mock.post("/chat/completions", &chat).await;
+    let calls = reply["choices"][0]["message"]["tool_calls"].clone();
+    assert_eq!(calls[0]["id"], "call_1");
+    assert_eq!(calls[0]["function"]["arguments"], r#"{"city": "Oslo"}"#);
+    assert_eq!(calls[1]["id"], "call_2");
+    assert_eq!(calls[1]["function"]["name"], "get_time");
+
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let events = mock.post_stream("/chat/completions", &streamed).await;
+    let mut args = [String::new(), String::new()];
+    for (_, v) in &events {
+        for call in v["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = call["index"].as_u64().unwrap() as usize;
+            args[i].push_str(call["function"]["arguments"].as_str().unwrap_or_default());
+        }
+    }
+    assert_eq!(args, [r#"{"city": "Oslo"}"#, "{}"]);
+
+    let body = json!({ "model": "m", "input": trigger });
+    let (_, reply) = mock.post("/responses", &body).await;
+    let names: Vec<&str> = reply["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["get_weather", "get_time"]);
+    let events = mock
+        .post_stream(
+            "/responses",
+            &json!({ "model": "m", "stream": true, "input": trigger }),
+        )
+        .await;
+    let done: Vec<u64> = events
+        .iter()
+        .filter(|(n, _)| n.as_deref() == Some("response.output_item.done"))
+        .map(|(_, v)| v["output_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(done, [0, 1]);
+}
+
+#[tokio::test]
 async fn responses_stream_sends_openai_events_in_order() {
     let mock = mock().await;
     let body = json!({ "model": "m", "stream": true, "input": [user("a"), user("b")] });

@@ -17,10 +17,10 @@ use super::reply::{Answer, content_text, decide, prompt_tokens, split4};
 /// Upper bound on `n`, so a silly request cannot make the mock build a huge reply.
 const MAX_CHOICES: u64 = 128;
 
-/// One choice's answer with its tool-call id (if any) already allocated.
+/// One choice's answer with its tool-call ids (one per call) already allocated.
 struct Choice {
     answer: Answer,
-    call_id: Option<String>,
+    call_ids: Vec<String>,
 }
 
 pub(crate) async fn handle(
@@ -52,7 +52,10 @@ pub(crate) async fn handle(
     // Each choice gets its own call id, as distinct calls from the real API would.
     let choices: Vec<Choice> = (0..n)
         .map(|_| Choice {
-            call_id: matches!(answer, Answer::ToolCall { .. }).then(|| state.next_call_id()),
+            call_ids: match &answer {
+                Answer::ToolCalls(calls) => calls.iter().map(|_| state.next_call_id()).collect(),
+                Answer::Text(_) => Vec::new(),
+            },
             answer: answer.clone(),
         })
         .collect();
@@ -104,7 +107,7 @@ fn usage(prompt: u64, completion: u64) -> Value {
 fn finish_reason(answer: &Answer) -> &'static str {
     match answer {
         Answer::Text(_) => "stop",
-        Answer::ToolCall { .. } => "tool_calls",
+        Answer::ToolCalls(_) => "tool_calls",
     }
 }
 
@@ -113,17 +116,25 @@ fn completion_object(meta: &Meta, choices: &[Choice]) -> Value {
         .iter()
         .enumerate()
         .map(|(index, choice)| {
-            let message = match (&choice.answer, &choice.call_id) {
-                (Answer::ToolCall { name, arguments }, Some(id)) => json!({
-                    "role": "assistant", "content": null, "refusal": null, "annotations": [],
-                    "tool_calls": [{
-                        "id": id, "type": "function",
-                        "function": { "name": name, "arguments": arguments }
-                    }]
-                }),
-                (Answer::ToolCall { .. }, None) | (Answer::Text(_), _) => json!({
-                    "role": "assistant", "content": text_of(&choice.answer),
-                    "refusal": null, "annotations": []
+            let message = match &choice.answer {
+                Answer::ToolCalls(calls) => {
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .zip(&choice.call_ids)
+                        .map(|(call, id)| {
+                            json!({
+                                "id": id, "type": "function",
+                                "function": { "name": call.name, "arguments": call.arguments }
+                            })
+                        })
+                        .collect();
+                    json!({
+                        "role": "assistant", "content": null, "refusal": null, "annotations": [],
+                        "tool_calls": calls
+                    })
+                }
+                Answer::Text(text) => json!({
+                    "role": "assistant", "content": text, "refusal": null, "annotations": []
                 }),
             };
             json!({
@@ -139,42 +150,42 @@ fn completion_object(meta: &Meta, choices: &[Choice]) -> Value {
     })
 }
 
-fn text_of(answer: &Answer) -> &str {
-    match answer {
-        Answer::Text(text) => text,
-        Answer::ToolCall { arguments, .. } => arguments,
-    }
-}
-
-/// The deltas of one choice: role first, then 4 content (or argument) fragments, then `{}` with
-/// the finish reason.
+/// The deltas of one choice: role first, then 4 content fragments, or for each tool call its
+/// header (index, id, name) followed by 4 argument fragments; then `{}` with the finish reason.
 fn choice_deltas(choice: &Choice) -> Vec<(Value, Option<&'static str>)> {
     let mut deltas = Vec::with_capacity(6);
-    match (&choice.answer, &choice.call_id) {
-        (Answer::ToolCall { name, arguments }, Some(id)) => {
-            deltas.push((
-                json!({
-                    "role": "assistant", "content": null, "refusal": null,
-                    "tool_calls": [{
-                        "index": 0, "id": id, "type": "function",
-                        "function": { "name": name, "arguments": "" }
-                    }]
-                }),
-                None,
-            ));
-            for piece in split4(arguments) {
+    match &choice.answer {
+        Answer::ToolCalls(calls) => {
+            for (index, (call, id)) in calls.iter().zip(&choice.call_ids).enumerate() {
+                let header = json!([{
+                    "index": index, "id": id, "type": "function",
+                    "function": { "name": call.name, "arguments": "" }
+                }]);
                 deltas.push((
-                    json!({ "tool_calls": [{ "index": 0, "function": { "arguments": piece } }] }),
+                    if index == 0 {
+                        json!({
+                            "role": "assistant", "content": null, "refusal": null,
+                            "tool_calls": header
+                        })
+                    } else {
+                        json!({ "tool_calls": header })
+                    },
                     None,
                 ));
+                for piece in split4(&call.arguments) {
+                    deltas.push((
+                        json!({ "tool_calls": [{ "index": index, "function": { "arguments": piece } }] }),
+                        None,
+                    ));
+                }
             }
         }
-        (answer, _) => {
+        Answer::Text(text) => {
             deltas.push((
                 json!({ "role": "assistant", "content": "", "refusal": null }),
                 None,
             ));
-            for piece in split4(text_of(answer)) {
+            for piece in split4(text) {
                 deltas.push((json!({ "content": piece }), None));
             }
         }

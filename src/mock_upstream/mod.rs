@@ -7,7 +7,10 @@
 //!   is `ok: N messages` (N = `messages`, or `input` items; a string `input` counts 1, `instructions`
 //!   does not count). If the last message is a user message whose text is
 //!   `call <tool> <json object>`, the reply is one tool call to `<tool>` with that JSON text as its
-//!   arguments (ids `call_<k>`, k counting from 1 per mock instance). `usage.prompt_tokens` is the
+//!   arguments (ids `call_<k>`, k counting from 1 per mock instance). Several such calls joined by
+//!   `;` (`call a {"x": 1}; call b {}`) are answered as parallel tool calls in that order (chat:
+//!   one message with several `tool_calls`, streamed one call after the other by `index`;
+//!   responses: several `function_call` items). `usage.prompt_tokens` is the
 //!   number of characters of the request body / 4. Streams send the text (or the arguments) in 4
 //!   chunks. Chat `n > 1` answers n choices with the same text.
 //! - `GET /v1/models`: a small model list, plus `"query"` echoing the query string (or null).

@@ -6,11 +6,18 @@ use serde_json::Value;
 
 use super::MockState;
 
-/// The content of one reply: text, or a single tool call.
+/// The content of one reply: text, or tool calls (several are answered as parallel calls).
 #[derive(Debug, Clone)]
 pub(crate) enum Answer {
     Text(String),
-    ToolCall { name: String, arguments: String },
+    ToolCalls(Vec<ToolCall>),
+}
+
+/// One tool call of a reply: the tool's name and its argument text exactly as the trigger wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 impl Answer {
@@ -18,9 +25,10 @@ impl Answer {
     pub fn completion_tokens(&self) -> u64 {
         let chars = match self {
             Answer::Text(text) => text.chars().count(),
-            Answer::ToolCall { name, arguments } => {
-                name.chars().count() + arguments.chars().count()
-            }
+            Answer::ToolCalls(calls) => calls
+                .iter()
+                .map(|c| c.name.chars().count() + c.arguments.chars().count())
+                .sum(),
         };
         (chars as u64).div_ceil(4).max(1)
     }
@@ -42,26 +50,41 @@ pub(crate) fn decide(
         }
         return Ok(Answer::Text(entry.content));
     }
-    if let Some((name, arguments)) = last_user.and_then(parse_call) {
-        return Ok(Answer::ToolCall { name, arguments });
+    if let Some(calls) = last_user.and_then(parse_calls) {
+        return Ok(Answer::ToolCalls(calls));
     }
     // Always "messages", even for 1: SPEC 9 fixes the text and tests match it literally.
     Ok(Answer::Text(format!("ok: {count} messages")))
 }
 
-/// `call get_weather {"city": "Tokyo"}` → (`get_weather`, `{"city": "Tokyo"}`): the tool name and
-/// the argument text exactly as written, provided it is a JSON object.
-pub(crate) fn parse_call(text: &str) -> Option<(String, String)> {
-    let rest = text.strip_prefix("call ")?.trim_start();
-    let end = rest.find(|c: char| c.is_whitespace() || c == '{')?;
-    let (name, args) = rest.split_at(end);
-    let args = args.trim();
-    if name.is_empty() || !args.starts_with('{') {
-        return None;
-    }
-    match serde_json::from_str::<Value>(args) {
-        Ok(Value::Object(_)) => Some((name.to_owned(), args.to_owned())),
-        _ => None,
+/// `call get_weather {"city": "Tokyo"}` → one call to `get_weather` with `{"city": "Tokyo"}`, the
+/// argument text exactly as written, provided it is a JSON object. Several calls separated by `;`
+/// (`call a {"x": 1}; call b {}`) are answered as parallel tool calls, in the order written.
+pub(crate) fn parse_calls(text: &str) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    loop {
+        let body = rest.strip_prefix("call ")?.trim_start();
+        let end = body.find(|c: char| c.is_whitespace() || c == '{')?;
+        let (name, args) = body.split_at(end);
+        let args = args.trim_start();
+        if name.is_empty() || !args.starts_with('{') {
+            return None;
+        }
+        let mut values = serde_json::Deserializer::from_str(args).into_iter::<Value>();
+        let Some(Ok(Value::Object(_))) = values.next() else {
+            return None;
+        };
+        let used = values.byte_offset();
+        calls.push(ToolCall {
+            name: name.to_owned(),
+            arguments: args[..used].to_owned(),
+        });
+        let tail = args[used..].trim();
+        if tail.is_empty() {
+            return Some(calls);
+        }
+        rest = tail.strip_prefix(';')?.trim_start();
     }
 }
 
@@ -104,21 +127,40 @@ pub(crate) fn split4(s: &str) -> [&str; 4] {
 mod tests {
     use super::*;
 
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     #[test]
     fn call_trigger_keeps_argument_text() {
-        let got = parse_call(r#"call get_weather {"city": "Tokyo"}"#);
-        assert_eq!(
-            got,
-            Some(("get_weather".into(), r#"{"city": "Tokyo"}"#.into()))
-        );
+        let got = parse_calls(r#"call get_weather {"city": "Tokyo"}"#);
+        assert_eq!(got, Some(vec![call("get_weather", r#"{"city": "Tokyo"}"#)]));
     }
 
     #[test]
     fn call_trigger_needs_a_json_object() {
-        assert_eq!(parse_call("call get_weather please"), None);
-        assert_eq!(parse_call("call get_weather [1]"), None);
-        assert_eq!(parse_call("calling get_weather {}"), None);
-        assert_eq!(parse_call("call {}"), None);
+        assert_eq!(parse_calls("call get_weather please"), None);
+        assert_eq!(parse_calls("call get_weather [1]"), None);
+        assert_eq!(parse_calls("calling get_weather {}"), None);
+        assert_eq!(parse_calls("call {}"), None);
+        assert_eq!(parse_calls(r#"call f {"a": 1} and more"#), None);
+    }
+
+    #[test]
+    fn call_trigger_separated_by_semicolons_makes_parallel_calls() {
+        let got = parse_calls(r#"call get_weather {"city": "Oslo; call x {}"}; call get_time {}"#);
+        assert_eq!(
+            got,
+            Some(vec![
+                call("get_weather", r#"{"city": "Oslo; call x {}"}"#),
+                call("get_time", "{}"),
+            ])
+        );
+        assert_eq!(parse_calls(r#"call f {}; call g [1]"#), None);
+        assert_eq!(parse_calls(r#"call f {};"#), None);
     }
 
     #[test]

@@ -36,17 +36,25 @@ pub(crate) async fn handle(
     };
 
     let k = state.next_reply_id();
-    let item = match &answer {
-        Answer::Text(text) => Item::Message {
+    let items: Vec<Item> = match &answer {
+        Answer::Text(text) => vec![Item::Message {
             id: format!("msg_{k}"),
             text: text.clone(),
-        },
-        Answer::ToolCall { name, arguments } => Item::Call {
-            id: format!("fc_{k}"),
-            call_id: state.next_call_id(),
-            name: name.clone(),
-            arguments: arguments.clone(),
-        },
+        }],
+        Answer::ToolCalls(calls) => calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| Item::Call {
+                id: if i == 0 {
+                    format!("fc_{k}")
+                } else {
+                    format!("fc_{k}_{i}")
+                },
+                call_id: state.next_call_id(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })
+            .collect(),
     };
     let prompt = prompt_tokens(&body);
     let completion = answer.completion_tokens();
@@ -58,10 +66,11 @@ pub(crate) async fn handle(
         "total_tokens": prompt + completion
     });
     let base = base_object(&req, format!("resp_{k}"));
-    let done = with_state(&base, "completed", vec![item.json(true)], usage);
+    let output = items.iter().map(|item| item.json(true)).collect();
+    let done = with_state(&base, "completed", output, usage);
 
     if req.get("stream").and_then(Value::as_bool) == Some(true) {
-        let events = stream_events(&base, &done, &item);
+        let events = stream_events(&base, &done, &items);
         sse_response(events, &Controls::from_headers(&headers))
     } else {
         Json(done).into_response()
@@ -177,19 +186,29 @@ impl Events {
     }
 }
 
-fn stream_events(base: &Value, done: &Value, item: &Item) -> Vec<Bytes> {
+fn stream_events(base: &Value, done: &Value, items: &[Item]) -> Vec<Bytes> {
     let mut ev = Events(Vec::with_capacity(14));
     let pending = with_state(base, "in_progress", vec![], Value::Null);
     ev.push("response.created", json!({ "response": pending }));
     ev.push("response.in_progress", json!({ "response": pending }));
+    for (output_index, item) in items.iter().enumerate() {
+        item_events(&mut ev, output_index, item);
+    }
+    ev.push("response.completed", json!({ "response": done }));
+    ev.0
+}
+
+/// The events of one output item, from `output_item.added` to `output_item.done`.
+fn item_events(ev: &mut Events, output_index: usize, item: &Item) {
     let item_id = item.id();
     ev.push(
         "response.output_item.added",
-        json!({ "output_index": 0, "item": item.json(false) }),
+        json!({ "output_index": output_index, "item": item.json(false) }),
     );
     match item {
         Item::Message { text, .. } => {
-            let at = json!({ "item_id": item_id, "output_index": 0, "content_index": 0 });
+            let at =
+                json!({ "item_id": item_id, "output_index": output_index, "content_index": 0 });
             let with = |mut v: Value, key: &str, val: Value| {
                 v[key] = val;
                 v
@@ -217,13 +236,13 @@ fn stream_events(base: &Value, done: &Value, item: &Item) -> Vec<Bytes> {
             for piece in split4(arguments) {
                 ev.push(
                     "response.function_call_arguments.delta",
-                    json!({ "item_id": item_id, "output_index": 0, "delta": piece }),
+                    json!({ "item_id": item_id, "output_index": output_index, "delta": piece }),
                 );
             }
             ev.push(
                 "response.function_call_arguments.done",
                 json!({
-                    "item_id": item_id, "output_index": 0,
+                    "item_id": item_id, "output_index": output_index,
                     "name": name, "arguments": arguments
                 }),
             );
@@ -231,8 +250,6 @@ fn stream_events(base: &Value, done: &Value, item: &Item) -> Vec<Bytes> {
     }
     ev.push(
         "response.output_item.done",
-        json!({ "output_index": 0, "item": item.json(true) }),
+        json!({ "output_index": output_index, "item": item.json(true) }),
     );
-    ev.push("response.completed", json!({ "response": done }));
-    ev.0
 }

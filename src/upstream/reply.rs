@@ -77,6 +77,9 @@ struct ChoiceDeltas {
     refusal: Option<String>,
     tool_calls: BTreeMap<u64, ToolCallDeltas>,
     finish_reason: Option<Value>,
+    /// Delta fields this parser does not know (`reasoning_content`, streamed `annotations`, …),
+    /// merged as deltas are: strings appended, arrays extended, anything else the latest value.
+    extra: Map<String, Value>,
 }
 
 #[derive(Debug, Default)]
@@ -159,6 +162,11 @@ impl StreamAccumulator {
             if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
                 acc.refusal.get_or_insert_with(String::new).push_str(text);
             }
+            for (key, value) in delta.as_object().into_iter().flatten() {
+                if !matches!(key.as_str(), "role" | "content" | "refusal" | "tool_calls") {
+                    merge_delta(&mut acc.extra, key, value);
+                }
+            }
             for call in delta
                 .get("tool_calls")
                 .and_then(Value::as_array)
@@ -215,6 +223,9 @@ impl StreamAccumulator {
                     })
                     .collect();
                 message.insert("tool_calls".into(), Value::Array(calls));
+            }
+            for (key, value) in acc.extra {
+                message.entry(key).or_insert(value);
             }
             let message = Value::Object(message);
             if index == 0 {
@@ -289,6 +300,18 @@ impl StreamAccumulator {
     }
 }
 
+/// Adds one chunk's value of an unknown delta field to what earlier chunks sent.
+fn merge_delta(extra: &mut Map<String, Value>, key: &str, value: &Value) {
+    match (extra.get_mut(key), value) {
+        (Some(Value::String(acc)), Value::String(s)) => acc.push_str(s),
+        (Some(Value::Array(acc)), Value::Array(items)) => acc.extend(items.iter().cloned()),
+        (Some(_), Value::Null) => {}
+        _ => {
+            extra.insert(key.to_string(), value.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,6 +348,28 @@ mod tests {
             ]})
         );
         assert_eq!(reply.id.as_deref(), Some("c1"));
+    }
+
+    #[test]
+    fn unknown_delta_fields_are_kept_and_merged() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":"","reasoning_content":"Let me "}}]}),
+            json!({"choices":[{"index":0,"delta":{"reasoning_content":"think.","x_meta":{"a":1}}}]}),
+            json!({"choices":[{"index":0,"delta":{"content":"Hi","annotations":[{"type":"url_citation","n":1}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"annotations":[{"type":"url_citation","n":2}],"x_meta":{"a":2},"reasoning_content":null}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&body);
+        assert_eq!(
+            acc.finish().messages[0],
+            json!({
+                "role": "assistant", "content": "Hi", "refusal": null,
+                "reasoning_content": "Let me think.",
+                "annotations": [{"type":"url_citation","n":1}, {"type":"url_citation","n":2}],
+                "x_meta": {"a": 2}
+            })
+        );
     }
 
     #[test]

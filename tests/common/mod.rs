@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -237,4 +239,65 @@ pub fn assert_openai_error(body: &serde_json::Value) -> &serde_json::Value {
     assert!(err.get("param").is_some(), "{body}");
     assert!(err.get("code").is_some(), "{body}");
     err
+}
+
+/// A free local port (bound, read, released: a tiny race a test can live with).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+/// The real `ctxproxy` binary (`serve --config`) as a child process, with its own config folder
+/// written by [`write_config`]; killed when dropped.
+pub struct BinaryProxy {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    child: tokio::process::Child,
+}
+
+impl BinaryProxy {
+    /// Starts the binary with `opts` in front of `upstream` and waits (bounded) for `/readyz`.
+    pub async fn start(opts: &ProxyOptions, upstream: &str) -> BinaryProxy {
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), opts, upstream);
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let log = std::fs::File::create(dir.path().join("ctxproxy.log")).unwrap();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .env("CTXPROXY_LISTEN", addr.to_string())
+            .env("CTXPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("CTXPROXY_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the ctxproxy binary");
+        let proxy = BinaryProxy { addr, dir, child };
+        let http = client();
+        for _ in 0..300 {
+            if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
+                && r.status() == 200
+            {
+                return proxy;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let log =
+            std::fs::read_to_string(proxy.dir.path().join("ctxproxy.log")).unwrap_or_default();
+        panic!("the ctxproxy binary never became ready on {addr}; its log:\n{log}");
+    }
+
+    /// `http://addr/v1`, what a client uses as its base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Stops the child (it is ours: started by this helper).
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
 }

@@ -1,0 +1,166 @@
+//! Which session a request lands in, and who can see it: auto matching without a header,
+//! tenants (selected by key) that share a session id, and branches made by an edited turn.
+
+use serde_json::Value;
+
+use super::common::*;
+use super::{Backend, chat, reply_message, request, upstream_histories, user, without_seq};
+
+async fn auto_mode_separates_conversations_and_finds_a_continued_one(b: Backend) {
+    let (proxy, _mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let trip = vec![user("Plan a trip to Kyoto")];
+    let poem = vec![user("Write a poem about rain")];
+    let first = chat(&base, "sk-a", &[], &request(&trip)).await;
+    let other = chat(&base, "sk-a", &[], &request(&poem)).await;
+    let (s_trip, s_poem) = (
+        first.session.clone().unwrap(),
+        other.session.clone().unwrap(),
+    );
+    assert_ne!(s_trip, s_poem, "two conversations, two sessions");
+
+    let mut continued = trip.clone();
+    continued.push(reply_message(&first));
+    continued.push(user("And where should I stay?"));
+    let again = chat(&base, "sk-a", &[], &request(&continued)).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(
+        again.session.as_deref(),
+        Some(s_trip.as_str()),
+        "found without a header"
+    );
+    continued.push(reply_message(&again));
+    let stored = proxy.stored_messages("default", &s_trip).await;
+    assert_eq!(without_seq(&stored), continued);
+    let stored = proxy.stored_messages("default", &s_poem).await;
+    assert_eq!(stored.len(), 2, "the other conversation is untouched");
+}
+
+const ACME_KEY: &str = "sk-proxy-acme-store-e2e";
+const ACME_UPSTREAM_ENV: &str = "CTXPROXY_STORE_E2E_ACME_KEY";
+
+fn two_tenants(b: &Backend) -> ProxyOptions {
+    use sha2::Digest;
+    let hash = hex::encode(sha2::Sha256::digest(ACME_KEY.as_bytes()));
+    // SAFETY: set before the proxy starts, to the same value by every test that reads it.
+    unsafe { std::env::set_var(ACME_UPSTREAM_ENV, "sk-upstream-acme") };
+    b.options()
+        .only_tenant("open", "keys: any\nupstream:\n  base_url: {upstream}\n")
+        .tenant(
+            "acme",
+            &format!(
+                "keys:\n  - sha256: {hash}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: {ACME_UPSTREAM_ENV}\n"
+            ),
+        )
+}
+
+async fn tenants_sharing_a_session_id_never_see_each_other(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(two_tenants(&b)).await;
+    let base = proxy.base_url();
+    let server = [("x-session-id", "shared"), ("x-ctxproxy-history", "server")];
+    let open1 = chat(
+        &base,
+        "sk-anyone",
+        &server,
+        &request(&[user("open secret")]),
+    )
+    .await;
+    let acme1 = chat(&base, ACME_KEY, &server, &request(&[user("acme secret")])).await;
+    assert_eq!(open1.session.as_deref(), Some("shared"));
+    assert_eq!(acme1.session.as_deref(), Some("shared"));
+    mock.clear_requests();
+    let acme2 = chat(&base, ACME_KEY, &server, &request(&[user("acme again")])).await;
+    let open2 = chat(&base, "sk-anyone", &server, &request(&[user("open again")])).await;
+
+    let upstream = upstream_histories(&mock);
+    let texts = |h: &Vec<Value>| -> Vec<String> {
+        h.iter()
+            .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(
+        texts(&upstream[0]),
+        ["acme secret", "ok: 1 messages", "acme again"],
+        "acme's server-mode history is acme's only"
+    );
+    assert_eq!(
+        texts(&upstream[1]),
+        ["open secret", "ok: 1 messages", "open again"]
+    );
+    let requests = mock.requests();
+    assert_eq!(
+        requests[0].header("authorization"),
+        Some("Bearer sk-upstream-acme")
+    );
+    assert_eq!(
+        requests[1].header("authorization"),
+        Some("Bearer sk-anyone")
+    );
+
+    let acme = proxy.stored_messages("acme", "shared").await;
+    let open = proxy.stored_messages("open", "shared").await;
+    let mut expect_acme = vec![user("acme secret"), reply_message(&acme1)];
+    expect_acme.extend([user("acme again"), reply_message(&acme2)]);
+    let mut expect_open = vec![user("open secret"), reply_message(&open1)];
+    expect_open.extend([user("open again"), reply_message(&open2)]);
+    assert_eq!(without_seq(&acme), expect_acme);
+    assert_eq!(without_seq(&open), expect_open);
+    let (status, _) = proxy.admin_get("/ctxproxy/v1/sessions/acme/nope").await;
+    assert_eq!(status, 404);
+}
+
+async fn edited_turn_makes_a_branch_and_both_stay_retrievable(b: Backend) {
+    let (proxy, _mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let hdr = [("x-session-id", "branchy")];
+    let mut convo = vec![user("Name a colour")];
+    let a1 = reply_message(&chat(&base, "sk-a", &hdr, &request(&convo)).await);
+    convo.extend([a1, user("Name a fruit")]);
+    let a2 = reply_message(&chat(&base, "sk-a", &hdr, &request(&convo)).await);
+    let mut original = convo.clone();
+    original.push(a2);
+
+    let mut edited = convo[..2].to_vec();
+    edited.push(user("Name a vegetable instead"));
+    let a2b = reply_message(&chat(&base, "sk-a", &hdr, &request(&edited)).await);
+    edited.push(a2b);
+
+    let (status, detail) = proxy
+        .admin_get("/ctxproxy/v1/sessions/default/branchy")
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["message_count"], 6, "nothing deleted: {detail}");
+    let branches = detail["branches"].as_array().unwrap().clone();
+    assert_eq!(branches.len(), 2, "{detail}");
+    let heads: Vec<&Value> = branches.iter().filter(|b| b["head"] == true).collect();
+    assert_eq!(heads.len(), 1, "{detail}");
+    for branch in &branches {
+        assert_eq!(branch["messages"], 4, "{detail}");
+        let id = branch["id"].as_str().unwrap();
+        let (status, msgs) = proxy
+            .admin_get(&format!(
+                "/ctxproxy/v1/sessions/default/branchy/messages?branch={id}"
+            ))
+            .await;
+        assert_eq!(status, 200, "{msgs}");
+        let msgs = without_seq(msgs.as_array().unwrap());
+        let expected = if branch["head"] == true {
+            &edited
+        } else {
+            &original
+        };
+        assert_eq!(&msgs, expected);
+    }
+    let head = proxy.stored_messages("default", "branchy").await;
+    assert_eq!(
+        without_seq(&head),
+        edited,
+        "the branch last written is the head"
+    );
+}
+
+on_both_backends!(
+    auto_mode_separates_conversations_and_finds_a_continued_one,
+    tenants_sharing_a_session_id_never_see_each_other,
+    edited_turn_makes_a_branch_and_both_stay_retrievable,
+);
