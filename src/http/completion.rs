@@ -30,6 +30,8 @@ pub struct Completion {
     pub request_id: String,
     pub report: Option<Report>,
     pub started: Instant,
+    /// A summary job planned by the request, started once the answer is stored.
+    pub summary_job: Option<crate::summarize::Job>,
 }
 
 impl Completion {
@@ -95,6 +97,9 @@ impl Completion {
         metrics::store_op("insert_request", t.elapsed());
         if let Some(lock) = self.lock.take() {
             lock.release().await;
+        }
+        if let Some(job) = self.summary_job.take() {
+            job.spawn();
         }
     }
 }
