@@ -32,8 +32,10 @@ pub struct Job {
     pub(crate) session: String,
     /// The request's last message: the branch the summary is for.
     pub(crate) leaf: MessageId,
-    /// The summary in force when the job was planned (id and text).
-    pub(crate) previous: Option<(i64, String)>,
+    /// The newest stored summary of the branch when the job was planned.
+    pub(crate) based_on: Option<i64>,
+    /// The text of the summary in force, which the new one rolls forward.
+    pub(crate) previous: Option<String>,
     /// The messages to fold in (history after the previous summary, instructions left out).
     pub(crate) messages: Vec<Message>,
     /// The last covered message.
@@ -116,7 +118,7 @@ impl Job {
         let latest = store
             .latest_summary(tenant, session, Some(self.leaf))
             .await?;
-        if latest.map(|s| s.id) != self.previous.as_ref().map(|p| p.0) {
+        if latest.map(|s| s.id) != self.based_on {
             return Ok(None);
         }
         let Some(policy) = self.tenant.policy.summary.as_ref() else {
@@ -138,7 +140,7 @@ impl Job {
         let body = SummaryRequest {
             model: &policy.model,
             prompt: policy.prompt.as_deref(),
-            previous: self.previous.as_ref().map(|p| p.1.as_str()),
+            previous: self.previous.as_deref(),
             messages: &self.messages,
             encoding: self.encoding,
             tool_tokens,

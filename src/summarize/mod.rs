@@ -31,6 +31,9 @@ pub struct Prepared {
     applied: Option<StoredSummary>,
     /// The store's `covers_until` (a seq) of the applied summary, for the report.
     seq: Option<i64>,
+    /// The newest stored summary of the branch (applied or not): a job planned from this state
+    /// does nothing if another has been stored since.
+    latest_id: Option<i64>,
     /// A non-blocking job, spawned by [`Prepared::take_job`]'s caller after the answer.
     job: Option<Job>,
 }
@@ -58,24 +61,23 @@ impl Prepared {
     }
 }
 
-/// The request's side of the summary work. `messages` and `ids` are the assembled conversation
-/// (ids parallel, stored ids where stored; the last one the branch's leaf). Never fails: a store
-/// error here costs the request its summary, not its answer.
-pub async fn prepare(
-    state: &Arc<AppState>,
-    tenant: &Arc<Tenant>,
+/// The summary stored for the branch ending at the conversation's last message, mapped onto the
+/// conversation, without planning a new one (what a dry run needs). `messages` and `ids` are
+/// the assembled conversation (ids parallel, stored ids where stored; the last one the branch's
+/// leaf). Never fails: a store error costs the request its summary, not its answer.
+pub async fn stored(
+    state: &AppState,
+    tenant: &Tenant,
     session: &str,
-    headers: &HeaderMap,
     messages: &[Message],
     ids: &[MessageId],
-    facts: ModelFacts,
 ) -> Prepared {
-    let Some(policy) = tenant.policy.summary.as_ref() else {
-        return Prepared::default();
-    };
     let (Some(&leaf), true) = (ids.last(), ids.len() == messages.len()) else {
         return Prepared::default();
     };
+    if tenant.policy.summary.is_none() {
+        return Prepared::default();
+    }
     let latest = match state
         .store
         .latest_summary(&tenant.name, session, Some(leaf))
@@ -90,19 +92,38 @@ pub async fn prepare(
     // The summary covers up to its anchor; where that sits in this conversation is what the
     // pipeline needs. An anchor not in it (a stored instruction this request replaced) leaves
     // the summary unused rather than guessed.
-    let previous = latest.as_ref().and_then(|s| {
-        let index = ids.iter().position(|id| *id == s.anchor)?;
-        Some((s, index))
-    });
-    let mut prepared = Prepared {
-        applied: previous.map(|(s, index)| StoredSummary {
-            text: s.text.clone(),
-            covers_until: index,
-        }),
-        seq: previous.map(|(s, _)| s.covers_until),
+    let index = latest
+        .as_ref()
+        .and_then(|s| ids.iter().position(|id| *id == s.anchor));
+    Prepared {
+        applied: latest
+            .as_ref()
+            .zip(index)
+            .map(|(s, covers_until)| StoredSummary {
+                text: s.text.clone(),
+                covers_until,
+            }),
+        seq: latest.as_ref().zip(index).map(|(s, _)| s.covers_until),
+        latest_id: latest.map(|s| s.id),
         job: None,
-    };
+    }
+}
 
+/// The request's side of the summary work: [`stored`], then whether a new summary is due; if
+/// so, made now (`blocking`) and applied, or left as a job for after the answer.
+pub async fn prepare(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    session: &str,
+    headers: &HeaderMap,
+    messages: &[Message],
+    ids: &[MessageId],
+    facts: ModelFacts,
+) -> Prepared {
+    let mut prepared = stored(state, tenant, session, messages, ids).await;
+    let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
+        return prepared;
+    };
     let encoding = facts.encoding;
     let tokens: Vec<u64> = messages
         .iter()
@@ -140,7 +161,8 @@ pub async fn prepare(
         tenant: tenant.clone(),
         session: session.to_string(),
         leaf,
-        previous: previous.map(|(s, _)| (s.id, s.text.clone())),
+        based_on: prepared.latest_id,
+        previous: prepared.applied.as_ref().map(|s| s.text.clone()),
         messages: covered(messages, &plan),
         anchor,
         encoding,
@@ -157,6 +179,7 @@ pub async fn prepare(
             covers_until: plan.until,
         });
         prepared.seq = Some(made.covers_until);
+        prepared.latest_id = Some(made.id);
     }
     prepared
 }
