@@ -298,7 +298,7 @@ async fn two_processes_on_one_postgres_make_one_summary() {
         return;
     };
     // A's upstream is slow, B's fast: B's job starts while A's still holds the summary lease.
-    let slow = ctxproxy::mock_upstream::spawn(Duration::from_millis(800)).await;
+    let slow = ctxproxy::mock_upstream::spawn(Duration::from_millis(1500)).await;
     let fast = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
     script(&slow, 200, "SHARED facts");
     script(&fast, 200, "SHARED facts");
