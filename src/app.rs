@@ -78,6 +78,8 @@ impl AppState {
                 }
                 fresh.server.server = current.server.server.clone();
                 fresh.server.database = current.server.database.clone();
+                // The environment does not change while we run; keep what start-up resolved.
+                fresh.admin_token = current.admin_token.clone();
                 for tenant in &fresh.tenants {
                     crate::metrics::register_tenant(&tenant.name);
                 }

@@ -400,3 +400,60 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     assert!(rest.contains("[DONE]"));
     shutdown.await.unwrap();
 }
+
+#[tokio::test]
+async fn admin_api_needs_the_token_and_shows_what_was_stored() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    let resp = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "s-admin")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi", "annotations": [{"k": 1}]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-ctxproxy-session"], "s-admin");
+    let denied = http
+        .get(proxy.url("/ctxproxy/v1/sessions"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+    let v: Value = denied.json().await.unwrap();
+    assert_openai_error(&v);
+
+    let (status, list) = proxy
+        .admin_get("/ctxproxy/v1/sessions?tenant=default")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(list["data"][0]["id"], "s-admin");
+    let (status, detail) = proxy
+        .admin_get("/ctxproxy/v1/sessions/default/s-admin")
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    assert_eq!(detail["message_count"], 2);
+    assert_eq!(detail["branches"].as_array().unwrap().len(), 1);
+    let messages = proxy.stored_messages("default", "s-admin").await;
+    assert_eq!(
+        messages[0],
+        json!({"role": "user", "content": "hi", "annotations": [{"k": 1}], "seq": 0})
+    );
+    assert_eq!(messages[1]["content"], "ok: 1 messages");
+    assert_eq!(messages[1]["seq"], 1);
+    let records = proxy.request_records("default", "s-admin").await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["status"], 200);
+
+    let deleted = http
+        .delete(proxy.url("/ctxproxy/v1/sessions/default/s-admin"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    let (status, _) = proxy
+        .admin_get("/ctxproxy/v1/sessions/default/s-admin")
+        .await;
+    assert_eq!(status, 404);
+}

@@ -19,9 +19,19 @@ where
     F: Fn() + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let server_name = server_file.file_name().map(|n| n.to_os_string());
+    let tenants = tenants_dir.to_path_buf();
+    // Only configuration files count: a database or log file beside them must not cause reloads.
+    let relevant = move |path: &Path| {
+        let is_server = path.file_name().map(|n| n.to_os_string()) == server_name;
+        let is_tenant = path.extension().is_some_and(|x| x == "yaml" || x == "yml")
+            && path.parent().is_some_and(|p| same_dir(p, &tenants));
+        is_server || is_tenant
+    };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         if let Ok(e) = event
             && !e.kind.is_access()
+            && e.paths.iter().any(|p| relevant(p))
         {
             let _ = tx.send(());
         }
@@ -47,4 +57,12 @@ fn parent_dir(file: &Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
+}
+
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b
+        || match (a.canonicalize(), b.canonicalize()) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => false,
+        }
 }

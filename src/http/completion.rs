@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use serde_json::Value;
 
 use super::managed::Endpoint;
+use crate::access::Allowed;
 use crate::app::AppState;
 use crate::context::Report;
 use crate::conversation::MessageId;
@@ -30,6 +31,9 @@ pub struct Completion {
     pub request_id: String,
     pub report: Option<Report>,
     pub started: Instant,
+    /// The role's tool access: a reply calling a tool outside it is returned (the client
+    /// decides) but counted and logged.
+    pub allowed: Option<Arc<Allowed>>,
     /// A summary job planned by the request, started once the answer is stored.
     pub summary_job: Option<crate::summarize::Job>,
 }
@@ -44,6 +48,9 @@ impl Completion {
     ) {
         let store = self.state.store.clone();
         let mut head = self.reply_parent;
+        if let (Some(reply), Some(allowed)) = (reply, &self.allowed) {
+            flag_forbidden_calls(reply, allowed);
+        }
         if let Some(reply) = reply.filter(|r| status.is_success() && !r.messages.is_empty()) {
             let new = NewMessage::chain(self.reply_parent.as_ref(), &reply.messages, Origin::Reply);
             let t = Instant::now();
@@ -100,6 +107,29 @@ impl Completion {
         }
         if let Some(job) = self.summary_job.take() {
             job.spawn();
+        }
+    }
+}
+
+/// Counts and logs reply tool calls the role may not use (chat `tool_calls`, Responses
+/// `function_call` items).
+fn flag_forbidden_calls(reply: &Reply, allowed: &Allowed) {
+    let names = reply.messages.iter().flat_map(|m| {
+        let chat = m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
+        let item = (m.get("type").and_then(Value::as_str) == Some("function_call"))
+            .then(|| m.get("name").and_then(Value::as_str))
+            .flatten();
+        chat.chain(item)
+    });
+    for name in names {
+        if !allowed.permits(name) {
+            metrics::rewrite("tool_access", 1);
+            tracing::warn!(tool = name, role = ?allowed.role, "the model called a tool this role may not use");
         }
     }
 }

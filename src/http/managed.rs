@@ -360,6 +360,7 @@ async fn prepare(
         request_id: log.request_id.clone(),
         report: report.clone(),
         started: log.started,
+        allowed: (!tenant.file.tools.roles.is_empty()).then(|| allowed.clone()),
         summary_job,
     };
     Ok(Prepared {

@@ -1,6 +1,7 @@
 //! The HTTP surface: the route table (routes only; handlers live in one file per family) and
 //! the pieces every handler shares.
 
+pub mod admin;
 pub mod body;
 pub mod call;
 pub mod completion;
@@ -32,6 +33,19 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(managed::responses).fallback(passthrough::forward),
         )
         .route("/v1/{*rest}", any(passthrough::forward))
+        .route("/ctxproxy/v1/sessions", get(admin::list_sessions))
+        .route(
+            "/ctxproxy/v1/sessions/{tenant}/{session}",
+            get(admin::get_session).delete(admin::delete_session),
+        )
+        .route(
+            "/ctxproxy/v1/sessions/{tenant}/{session}/messages",
+            get(admin::messages),
+        )
+        .route(
+            "/ctxproxy/v1/sessions/{tenant}/{session}/requests",
+            get(admin::requests),
+        )
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

@@ -11,6 +11,9 @@ use ctxproxy::app::{AppState, Server, load_config};
 use ctxproxy::mock_upstream::{self, MockHandle};
 use tokio::sync::oneshot;
 
+/// The admin token every test proxy accepts.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
 /// A running proxy and the folder holding its configuration.
 pub struct Proxy {
     pub addr: SocketAddr,
@@ -92,7 +95,9 @@ impl Proxy {
         ctxproxy::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let path = write_config(dir.path(), &opts, upstream);
-        let config = load_config(&path).expect("test config loads");
+        let mut config = load_config(&path).expect("test config loads");
+        // Set directly rather than through the environment, which tests share.
+        config.admin_token = Some(ADMIN_TOKEN.to_string());
         let server = Server::bind(config, None).await.expect("proxy binds");
         let addr = server.local_addr().unwrap();
         let state = server.state();
@@ -120,6 +125,57 @@ impl Proxy {
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// GET an admin route (`/ctxproxy/v1/...`) with the admin token; returns status and JSON.
+    pub async fn admin_get(&self, path: &str) -> (u16, serde_json::Value) {
+        let resp = client()
+            .get(self.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    /// The stored messages of a session's head branch, via the admin API.
+    pub async fn stored_messages(&self, tenant: &str, session: &str) -> Vec<serde_json::Value> {
+        let (status, v) = self
+            .admin_get(&format!(
+                "/ctxproxy/v1/sessions/{tenant}/{session}/messages"
+            ))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// The request records of a session, via the admin API.
+    pub async fn request_records(&self, tenant: &str, session: &str) -> Vec<serde_json::Value> {
+        let (status, v) = self
+            .admin_get(&format!(
+                "/ctxproxy/v1/sessions/{tenant}/{session}/requests"
+            ))
+            .await;
+        assert_eq!(status, 200, "{v}");
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    /// Waits (bounded) until the session has `n` request records: streamed replies are stored
+    /// after the client has read the last byte.
+    pub async fn wait_for_records(&self, tenant: &str, session: &str, n: usize) {
+        for _ in 0..200 {
+            let (status, v) = self
+                .admin_get(&format!(
+                    "/ctxproxy/v1/sessions/{tenant}/{session}/requests"
+                ))
+                .await;
+            if status == 200 && v.as_array().is_some_and(|a| a.len() >= n) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("session {session} never reached {n} request records");
     }
 
     /// Stops the server and waits for it (in-flight requests get the grace period).

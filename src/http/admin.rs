@@ -1,0 +1,161 @@
+//! The admin API (SPEC 3): sessions, their messages, branches and request records, and delete.
+//! Disabled (404) while no admin token is configured; otherwise the bearer token must match it,
+//! compared in constant time.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppState;
+use crate::conversation::MessageId;
+use crate::error::{Error, Result};
+use crate::store::SessionQuery;
+use crate::upstream::headers::bearer;
+
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<()> {
+    let config = state.config.load();
+    let Some(expected) = config.admin_token.as_deref() else {
+        return Err(Error::NotFound(
+            "the admin API is disabled (no admin token is set)".into(),
+        ));
+    };
+    let given = bearer(headers).unwrap_or_default();
+    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Error::AdminUnauthorized)
+    }
+}
+
+/// Query of the session list.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    tenant: Option<String>,
+    limit: Option<u32>,
+    after: Option<String>,
+}
+
+/// `GET /ctxproxy/v1/sessions?tenant=&limit=&after=`: newest first, keyset pagination.
+pub async fn list_sessions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>> {
+    authorize(&state, &headers)?;
+    let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    let page = state
+        .store
+        .list_sessions(&SessionQuery {
+            tenant: q.tenant,
+            limit: q.limit.unwrap_or(50),
+            after: q.after,
+        })
+        .await?;
+    Ok(Json(json!({"data": page.sessions, "next": page.next})))
+}
+
+/// `GET /ctxproxy/v1/sessions/{tenant}/{session}`.
+pub async fn get_session(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((tenant, session)): Path<(String, String)>,
+) -> Result<Json<Value>> {
+    authorize(&state, &headers)?;
+    let detail = state
+        .store
+        .session_detail(&tenant, &session)
+        .await?
+        .ok_or_else(|| not_found(&tenant, &session))?;
+    Ok(Json(
+        serde_json::to_value(detail).map_err(|e| Error::Internal(e.to_string()))?,
+    ))
+}
+
+/// Query of the messages route.
+#[derive(Debug, Deserialize)]
+pub struct MessagesQuery {
+    branch: Option<String>,
+}
+
+/// `GET /ctxproxy/v1/sessions/{tenant}/{session}/messages[?branch=ID]`: each message exactly
+/// as stored, plus its `seq`.
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((tenant, session)): Path<(String, String)>,
+    query: Result<Query<MessagesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>> {
+    authorize(&state, &headers)?;
+    let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    if state.store.get_session(&tenant, &session).await?.is_none() {
+        return Err(not_found(&tenant, &session));
+    }
+    let stored = match q.branch {
+        None => state.store.head_branch(&tenant, &session).await?,
+        Some(b) => {
+            let id = MessageId::from_hex(&b).ok_or_else(|| {
+                Error::invalid("branch must be a branch id", Some("branch".to_string()))
+            })?;
+            let path = state.store.load_path(&tenant, &session, id).await?;
+            if path.is_empty() {
+                return Err(Error::NotFound(format!("no branch {b} in this session")));
+            }
+            path
+        }
+    };
+    let out: Vec<Value> = stored
+        .into_iter()
+        .map(|m| match m.body {
+            Value::Object(mut obj) => {
+                obj.insert("seq".into(), Value::from(m.seq));
+                Value::Object(obj)
+            }
+            other => json!({"seq": m.seq, "body": other}),
+        })
+        .collect();
+    Ok(Json(Value::Array(out)))
+}
+
+/// `GET /ctxproxy/v1/sessions/{tenant}/{session}/requests`.
+pub async fn requests(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((tenant, session)): Path<(String, String)>,
+) -> Result<Json<Value>> {
+    authorize(&state, &headers)?;
+    if state.store.get_session(&tenant, &session).await?.is_none() {
+        return Err(not_found(&tenant, &session));
+    }
+    let records = state.store.list_requests(&tenant, &session).await?;
+    Ok(Json(
+        serde_json::to_value(records).map_err(|e| Error::Internal(e.to_string()))?,
+    ))
+}
+
+/// `DELETE /ctxproxy/v1/sessions/{tenant}/{session}`.
+pub async fn delete_session(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    Path((tenant, session)): Path<(String, String)>,
+) -> Result<Response> {
+    authorize(&state, &headers)?;
+    if state.store.delete_session(&tenant, &session).await? {
+        Ok((
+            StatusCode::OK,
+            Json(json!({"id": session, "tenant": tenant, "deleted": true})),
+        )
+            .into_response())
+    } else {
+        Err(not_found(&tenant, &session))
+    }
+}
+
+fn not_found(tenant: &str, session: &str) -> Error {
+    Error::NotFound(format!("no session {session} for tenant {tenant}"))
+}

@@ -1,0 +1,251 @@
+//! End-to-end: tool access per role (SPEC 6) — the seed 004 roles, keys bound to roles, the
+//! header honoured only where trusted, 403s for forbidden tools, and history scrubbing.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
+
+fn tool(name: &str) -> Value {
+    json!({"type": "function", "function": {"name": name, "description": format!("the {name} tool"), "parameters": {"type": "object"}}})
+}
+
+fn all_tools() -> Value {
+    json!([
+        tool("search_web"),
+        tool("search_internal_docs"),
+        tool("get_account_balance")
+    ])
+}
+
+/// The seed 004 tenant: three roles, one key per role, header roles not trusted.
+fn seed_004_tenant(role_from_header: bool) -> String {
+    format!(
+        "keys:\n  - sha256: {}\n    role: viewer\n  - sha256: {}\n    role: finance\n  - sha256: {}\n    role: admin\n  - sha256: {}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\ntools:\n  roles:\n    viewer: [search_web]\n    finance: [search_web, get_account_balance]\n    admin: [\"*\"]\n  default_role: viewer\n  role_from_header: {role_from_header}\n  scrub_history: true\n",
+        sha256_hex("sk-viewer"),
+        sha256_hex("sk-finance"),
+        sha256_hex("sk-admin"),
+        sha256_hex("sk-nobody"),
+    )
+}
+
+async fn chat(
+    proxy: &Proxy,
+    key: &str,
+    body: Value,
+    role_header: Option<&str>,
+) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth(key)
+        .json(&body);
+    if let Some(r) = role_header {
+        req = req.header("x-ctxproxy-role", r);
+    }
+    req.send().await.unwrap()
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn seed_004_each_role_gets_exactly_its_tools() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools(), "parallel_tool_calls": false});
+    for key in ["sk-viewer", "sk-finance", "sk-admin", "sk-nobody"] {
+        let resp = chat(&proxy, key, body.clone(), None).await;
+        assert_eq!(resp.status(), 200, "{key}");
+    }
+    let seen: Vec<Value> = mock
+        .requests()
+        .iter()
+        .map(|r| r.body_json().unwrap())
+        .collect();
+    assert_eq!(tool_names(&seen[0]), ["search_web"]);
+    assert_eq!(tool_names(&seen[1]), ["search_web", "get_account_balance"]);
+    assert_eq!(
+        tool_names(&seen[2]),
+        ["search_web", "search_internal_docs", "get_account_balance"]
+    );
+    assert_eq!(
+        tool_names(&seen[3]),
+        ["search_web"],
+        "a key without a role gets the default role"
+    );
+    // Everything else about the tools and the request is forwarded as sent.
+    assert_eq!(seen[1]["tools"][1], tool("get_account_balance"));
+    assert_eq!(seen[0]["parallel_tool_calls"], false);
+}
+
+#[tokio::test]
+async fn a_key_bound_role_cannot_be_raised_by_the_header() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let resp = chat(&proxy, "sk-viewer", body.clone(), Some("admin")).await;
+    assert_eq!(resp.status(), 200);
+    let resp = chat(&proxy, "sk-nobody", body, Some("admin")).await;
+    assert_eq!(resp.status(), 200);
+    for r in mock.requests() {
+        assert_eq!(tool_names(&r.body_json().unwrap()), ["search_web"]);
+    }
+}
+
+#[tokio::test]
+async fn the_header_names_the_role_only_where_the_tenant_trusts_it() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(true));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    assert_eq!(
+        chat(&proxy, "sk-nobody", body.clone(), Some("finance"))
+            .await
+            .status(),
+        200
+    );
+    // A key's own role still wins over the header.
+    assert_eq!(
+        chat(&proxy, "sk-viewer", body.clone(), Some("admin"))
+            .await
+            .status(),
+        200
+    );
+    let unknown = chat(&proxy, "sk-nobody", body, Some("root")).await;
+    assert_eq!(unknown.status(), 403);
+    let v: Value = unknown.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["type"], "permission_error");
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        tool_names(&seen[0].body_json().unwrap()),
+        ["search_web", "get_account_balance"]
+    );
+    assert_eq!(tool_names(&seen[1].body_json().unwrap()), ["search_web"]);
+}
+
+#[tokio::test]
+async fn tool_choice_forcing_a_forbidden_tool_is_403_and_not_forwarded() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "what is my balance?"}],
+        "tools": all_tools(),
+        "tool_choice": {"type": "function", "function": {"name": "get_account_balance"}}
+    });
+    let resp = chat(&proxy, "sk-viewer", body.clone(), None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["type"], "permission_error");
+    assert_eq!(err["code"], "tool_not_allowed");
+    assert_eq!(err["param"], "tool_choice");
+    assert!(mock.requests().is_empty(), "the upstream was not called");
+    // The same request from the finance key goes through.
+    assert_eq!(chat(&proxy, "sk-finance", body, None).await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_current_turn_calling_a_forbidden_tool_is_403() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({
+        "model": "m",
+        "tools": all_tools(),
+        "messages": [
+            {"role": "user", "content": "balance?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_account_balance", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"}
+        ]
+    });
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    agent: [\"*\"]\n  default_role: agent\n  scrub_history: true\n";
+    let opts = ProxyOptions::default().only_tenant("default", tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let debug_call = json!({"id": "call_dbg", "type": "function", "function": {"name": "debug_tool", "arguments": "{\"verbose\":true}"}});
+    let body = json!({
+        "model": "m",
+        "tools": [tool("search_web")],
+        "messages": [
+            {"role": "system", "content": "you are an agent"},
+            {"role": "user", "content": "inspect the system"},
+            {"role": "assistant", "content": null, "tool_calls": [debug_call]},
+            {"role": "tool", "tool_call_id": "call_dbg", "content": "debug_tool output: all fine"},
+            {"role": "assistant", "content": "All fine."},
+            {"role": "user", "content": "now search the web for news"}
+        ]
+    });
+    let resp = chat(&proxy, "sk-any", body, None).await;
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    let text = sent.to_string();
+    assert!(
+        !text.contains("debug_tool"),
+        "no trace of debug_tool upstream: {text}"
+    );
+    assert!(!text.contains("call_dbg"), "{text}");
+    let roles: Vec<&str> = sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    // The stored history still has every message.
+    let session = resp_session(&proxy).await;
+    assert_eq!(proxy.stored_messages("default", &session).await.len(), 7);
+}
+
+async fn resp_session(proxy: &Proxy) -> String {
+    let (_, list) = proxy.admin_get("/ctxproxy/v1/sessions").await;
+    list["data"][0]["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "tools": all_tools(), "messages": [{"role": "user", "content": "call get_account_balance {\"account\": \"ACC-001\"}"}]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_account_balance",
+        "the client decides what to do with it"
+    );
+    let metrics = client()
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("ctxproxy_rewrites_total{reason=\"tool_access\"}"))
+        .expect("the tool_access rewrite series");
+    let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(count >= 1.0, "{line}");
+}
