@@ -194,6 +194,15 @@ async fn sixty_turns_roll_summaries_forward_and_stay_in_budget() {
         }
     }
 
+    // The admin session route shows the newest summary of the head branch.
+    let (status, detail) = proxy
+        .admin_get(&format!("/ctxproxy/v1/sessions/default/{SESSION}"))
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    let newest = summaries.last().unwrap();
+    assert_eq!(detail["summary"]["text"], newest.text);
+    assert_eq!(detail["summary"]["covers_until"], newest.covers_until);
+
     // Every request record reports whether a summary was used and up to which seq.
     let records = store.list_requests("default", SESSION).await.unwrap();
     assert_eq!(records.len(), 60);
