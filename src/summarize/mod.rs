@@ -7,6 +7,7 @@
 //! two processes from summarising one session at once (`job`), and an in-process backoff keeps a
 //! failing summariser from being called on every turn (`jobs`).
 
+mod fit;
 mod job;
 mod jobs;
 pub mod request;
@@ -143,6 +144,9 @@ pub async fn prepare(
     ) else {
         return prepared;
     };
+    // Half the summariser's window for the transcript leaves room for prompt and answer.
+    let summariser = state.config.load().models.lookup(&policy.model);
+    let plan = fit::fit_plan(plan, messages, &tokens, summariser.context_window / 2);
     let Some(&anchor) = ids.get(plan.until) else {
         return prepared;
     };
