@@ -190,7 +190,9 @@ pub async fn prepare(
 
 /// The messages a plan folds in: instructions stay in every request, so they are not summarised.
 fn covered(messages: &[Message], plan: &SummaryPlan) -> Vec<Message> {
-    messages[plan.from..=plan.until]
+    messages
+        .get(plan.from..=plan.until)
+        .unwrap_or_default()
         .iter()
         .filter(|m| !m.role.is_instruction())
         .cloned()
