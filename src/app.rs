@@ -28,6 +28,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     /// Token counts per message, shared by every request so a turn only counts what is new.
     pub tokens: crate::tokens::TokenCounter,
+    /// Summary jobs running in this process, and the backoff of sessions whose last one failed.
+    pub summaries: Arc<crate::summarize::Jobs>,
 }
 
 impl AppState {
@@ -50,6 +52,7 @@ impl AppState {
             tool_access: Default::default(),
             store,
             tokens: crate::tokens::TokenCounter::new(),
+            summaries: Default::default(),
         })
     }
 }

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod mock_upstream;
 pub mod session;
 pub mod store;
+pub mod summarize;
 pub mod telemetry;
 pub mod tokens;
 pub mod upstream;

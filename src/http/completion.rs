@@ -34,6 +34,8 @@ pub struct Completion {
     /// The role's tool access: a reply calling a tool outside it is returned (the client
     /// decides) but counted and logged.
     pub allowed: Option<Arc<Allowed>>,
+    /// A summary job planned by the request, started once the answer is stored.
+    pub summary_job: Option<crate::summarize::Job>,
 }
 
 impl Completion {
@@ -102,6 +104,9 @@ impl Completion {
         metrics::store_op("insert_request", t.elapsed());
         if let Some(lock) = self.lock.take() {
             lock.release().await;
+        }
+        if let Some(job) = self.summary_job.take() {
+            job.spawn();
         }
     }
 }

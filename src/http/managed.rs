@@ -27,6 +27,7 @@ use crate::conversation::{ItemMessages, Message, Role, chain_ids, responses_item
 use crate::error::{Error, Result};
 use crate::session::{self, SessionLock};
 use crate::store::Scope;
+use crate::summarize;
 use crate::upstream::headers::bearer;
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
@@ -306,6 +307,7 @@ async fn prepare(
     .await?;
     crate::metrics::store_op("append_request", t.elapsed());
 
+    let mut summary_job = None;
     let report = match &mut call {
         Call::Chat(_) => {
             let messages = chat_messages(&assembled.messages)?;
@@ -316,16 +318,28 @@ async fn prepare(
                 offered: allowed.offered.clone(),
                 scrub_history: tenant.file.tools.scrub_history,
             });
+            let mut summary = summarize::prepare(
+                state,
+                tenant,
+                &resolved.id,
+                headers,
+                &messages,
+                &assembled.ids,
+                facts,
+            )
+            .await;
             let input = PipelineInput {
                 messages: &messages,
                 ids: Some(&assembled.ids),
                 tools: tools_json.as_ref(),
                 policy: &tenant.policy,
                 model: facts,
-                summary: None,
+                summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
-            let rewritten = context::run(input, &state.tokens)?;
+            let mut rewritten = context::run(input, &state.tokens)?;
+            summary.fix_report(&mut rewritten.report);
+            summary_job = summary.take_job();
             count_rewrites(&rewritten.report);
             call.put_chat_messages(rewritten.messages);
             Some(rewritten.report)
@@ -385,6 +399,7 @@ async fn prepare(
         report: report.clone(),
         started: log.started,
         allowed: (!tenant.file.tools.roles.is_empty()).then(|| allowed.clone()),
+        summary_job,
     };
     Ok(Prepared {
         call,

@@ -1,0 +1,90 @@
+//! Keeping the summariser's input within its model's reach. A first summary of a long session
+//! (summaries switched on late, or a history imported whole) could cover more than the
+//! summariser can read; the plan is then shortened to what fits, ending at a segment boundary,
+//! and the rest is folded in by the next, rolling, summary.
+
+use crate::context::SummaryPlan;
+use crate::context::segments::segments;
+use crate::conversation::Message;
+
+/// `plan` cut to at most `cap` tokens of messages (by `tokens`, parallel to `messages`), always
+/// keeping at least its first segment so a session can never be stuck without progress.
+pub(crate) fn fit_plan(
+    plan: SummaryPlan,
+    messages: &[Message],
+    tokens: &[u64],
+    cap: u64,
+) -> SummaryPlan {
+    if plan.until >= messages.len() || tokens.len() != messages.len() {
+        return plan;
+    }
+    let mut total = 0u64;
+    let mut until = None;
+    for seg in segments(|i| &messages[i], plan.from..plan.until + 1) {
+        let t: u64 = seg.clone().map(|i| tokens[i]).sum();
+        if until.is_some() && total + t > cap {
+            break;
+        }
+        total += t;
+        until = Some(seg.end - 1);
+    }
+    SummaryPlan {
+        until: until.unwrap_or(plan.until),
+        ..plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::{Role, ToolCall};
+
+    fn call(id: &str) -> Message {
+        let mut m = Message::text(Role::Assistant, "");
+        m.tool_calls = Some(Some(vec![ToolCall {
+            id: id.into(),
+            kind: Some("function".into()),
+            function: Default::default(),
+            extra: Default::default(),
+        }]));
+        m
+    }
+
+    fn result(id: &str) -> Message {
+        let mut m = Message::text(Role::Tool, "r");
+        m.tool_call_id = Some(id.into());
+        m
+    }
+
+    fn plan(from: usize, until: usize) -> SummaryPlan {
+        SummaryPlan {
+            from,
+            until,
+            history_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn cut_to_the_cap_at_a_segment_boundary() {
+        let msgs = vec![
+            Message::text(Role::User, "a"),
+            call("c1"),
+            result("c1"),
+            Message::text(Role::User, "b"),
+            Message::text(Role::Assistant, "c"),
+        ];
+        let tokens = vec![10; 5];
+        // 25 tokens would end inside the call's segment; the cut goes before it.
+        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 25).until, 0);
+        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 30).until, 2);
+        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 1000).until, 4);
+    }
+
+    #[test]
+    fn at_least_one_segment_is_taken() {
+        let msgs = vec![call("c1"), result("c1"), Message::text(Role::User, "b")];
+        let tokens = vec![100; 3];
+        let fitted = fit_plan(plan(0, 2), &msgs, &tokens, 10);
+        assert_eq!((fitted.from, fitted.until), (0, 1));
+    }
+}

@@ -1,0 +1,213 @@
+//! Rolling summaries of older history (SPEC 5 step 5, 5.2), the impure half around the pure
+//! `context::summary`: load the summary stored for the branch a request continues, map it onto
+//! the request's conversation for the pipeline, decide with `plan_summary` whether a new one is
+//! due, and make it — on a background job after the answer (default) or before forwarding
+//! (`blocking: true`). A summary is a chat completion to the tenant's upstream (`request`), kept
+//! in the store per session and branch (every one kept, the newest used); a store lease keeps
+//! two processes from summarising one session at once (`job`), and an in-process backoff keeps a
+//! failing summariser from being called on every turn (`jobs`).
+
+mod fit;
+mod job;
+mod jobs;
+pub mod request;
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+
+use crate::app::AppState;
+use crate::config::Tenant;
+use crate::context::{Report, StoredSummary, SummaryPlan, plan_summary};
+use crate::conversation::{Message, MessageId};
+use crate::tokens::ModelFacts;
+
+pub use job::Job;
+pub use jobs::Jobs;
+
+/// The summary side of one request: what the pipeline applies, and the job to start (if any)
+/// once the answer is stored.
+#[derive(Default)]
+pub struct Prepared {
+    applied: Option<StoredSummary>,
+    /// The store's `covers_until` (a seq) of the applied summary, for the report.
+    seq: Option<i64>,
+    /// The newest stored summary of the branch (applied or not): a job planned from this state
+    /// does nothing if another has been stored since.
+    latest_id: Option<i64>,
+    /// A non-blocking job, spawned by [`Prepared::take_job`]'s caller after the answer.
+    job: Option<Job>,
+}
+
+impl Prepared {
+    /// The summary for `PipelineInput.summary`.
+    pub fn applied(&self) -> Option<&StoredSummary> {
+        self.applied.as_ref()
+    }
+
+    /// Makes the report's `covers_until` the stored seq (SPEC 5.3); the pipeline knows only the
+    /// index into the conversation it was given, which differs when stored instructions were
+    /// replaced.
+    pub fn fix_report(&self, report: &mut Report) {
+        if report.summary.used
+            && let Some(seq) = self.seq
+        {
+            report.summary.covers_until = u64::try_from(seq).ok();
+        }
+    }
+
+    /// The job to start after the answer, if one is due.
+    pub fn take_job(&mut self) -> Option<Job> {
+        self.job.take()
+    }
+}
+
+/// The summary stored for the branch ending at the conversation's last message, mapped onto the
+/// conversation, without planning a new one (what a dry run needs). `messages` and `ids` are
+/// the assembled conversation (ids parallel, stored ids where stored; the last one the branch's
+/// leaf). Never fails: a store error costs the request its summary, not its answer.
+pub async fn stored(
+    state: &AppState,
+    tenant: &Tenant,
+    session: &str,
+    messages: &[Message],
+    ids: &[MessageId],
+) -> Prepared {
+    let (Some(&leaf), true) = (ids.last(), ids.len() == messages.len()) else {
+        return Prepared::default();
+    };
+    if tenant.policy.summary.is_none() {
+        return Prepared::default();
+    }
+    let latest = match state
+        .store
+        .latest_summary(&tenant.name, session, Some(leaf))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not load the stored summary; sending without");
+            None
+        }
+    };
+    // The summary covers up to its anchor; where that sits in this conversation is what the
+    // pipeline needs. An anchor not in it (a stored instruction this request replaced) leaves
+    // the summary unused rather than guessed.
+    let index = latest
+        .as_ref()
+        .and_then(|s| ids.iter().position(|id| *id == s.anchor));
+    Prepared {
+        applied: latest
+            .as_ref()
+            .zip(index)
+            .map(|(s, covers_until)| StoredSummary {
+                text: s.text.clone(),
+                covers_until,
+            }),
+        seq: latest.as_ref().zip(index).map(|(s, _)| s.covers_until),
+        latest_id: latest.map(|s| s.id),
+        job: None,
+    }
+}
+
+/// The request's side of the summary work: [`stored`], then whether a new summary is due; if
+/// so, made now (`blocking`) and applied, or left as a job for after the answer.
+pub async fn prepare(
+    state: &Arc<AppState>,
+    tenant: &Arc<Tenant>,
+    session: &str,
+    headers: &HeaderMap,
+    messages: &[Message],
+    ids: &[MessageId],
+    facts: ModelFacts,
+) -> Prepared {
+    let mut prepared = stored(state, tenant, session, messages, ids).await;
+    let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
+        return prepared;
+    };
+    let encoding = facts.encoding;
+    let tokens: Vec<u64> = messages
+        .iter()
+        .zip(ids)
+        .map(|(m, id)| state.tokens.message_with_id(encoding, m, id))
+        .collect();
+    let previous_tokens = prepared
+        .applied
+        .as_ref()
+        .map_or(0, |s| state.tokens.message(encoding, &s.message()));
+    let Some(plan) = plan_summary(
+        policy,
+        messages,
+        &tokens,
+        prepared.applied.as_ref(),
+        previous_tokens,
+    ) else {
+        return prepared;
+    };
+    // Half the summariser's window for the transcript leaves room for prompt and answer.
+    let summariser = state.config.load().models.lookup(&policy.model);
+    let plan = fit::fit_plan(plan, messages, &tokens, summariser.context_window / 2);
+    let Some(&anchor) = ids.get(plan.until) else {
+        return prepared;
+    };
+    let Some(ticket) = state.summaries.start(&tenant.name, session) else {
+        // Running here already, or backing off after a failure: serve with what is stored.
+        return prepared;
+    };
+    tracing::debug!(
+        from = plan.from,
+        until = plan.until,
+        history_tokens = plan.history_tokens,
+        "summary due"
+    );
+    let job = Job {
+        state: state.clone(),
+        tenant: tenant.clone(),
+        session: session.to_string(),
+        leaf,
+        based_on: prepared.latest_id,
+        previous: prepared.applied.as_ref().map(|s| s.text.clone()),
+        messages: covered(messages, &plan),
+        anchor,
+        encoding,
+        authorization: authorization(tenant, headers),
+        ticket,
+    };
+    if !policy.blocking {
+        prepared.job = Some(job);
+        return prepared;
+    }
+    if let Some(made) = job.run().await {
+        prepared.applied = Some(StoredSummary {
+            text: made.text,
+            covers_until: plan.until,
+        });
+        prepared.seq = Some(made.covers_until);
+        prepared.latest_id = Some(made.id);
+    }
+    prepared
+}
+
+/// The messages a plan folds in: instructions stay in every request, so they are not summarised.
+fn covered(messages: &[Message], plan: &SummaryPlan) -> Vec<Message> {
+    messages
+        .get(plan.from..=plan.until)
+        .unwrap_or_default()
+        .iter()
+        .filter(|m| !m.role.is_instruction())
+        .cloned()
+        .collect()
+}
+
+/// The Authorization the summariser call sends: the tenant's key, or for `keys: any` (nothing
+/// stored) the one of the request that triggered the job.
+fn authorization(tenant: &Tenant, headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut value = if tenant.forwards_client_key() {
+        headers.get(header::AUTHORIZATION).cloned()
+    } else {
+        let key = tenant.upstream_key.as_ref()?;
+        HeaderValue::from_str(&format!("Bearer {key}")).ok()
+    }?;
+    value.set_sensitive(true);
+    Some(value)
+}

@@ -1,0 +1,215 @@
+//! The summariser call: one chat completion to the tenant's upstream with `summary.model`,
+//! given the previous summary and the messages after it as a plain transcript (tool results
+//! shortened as `compress_tool_output` does), answered with the new summary text.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use serde_json::{Value, json};
+
+use crate::context::compress::compress;
+use crate::conversation::{Message, Role};
+use crate::error::{Error, Result};
+use crate::tokens::Encoding;
+use crate::upstream::{self, Outgoing, map_reqwest};
+
+/// Words every summariser request carries, whatever the tenant's prompt says, so a provider log
+/// (or the mock's script) can tell a summary request from a user's.
+pub const MARKER: &str = "ctxproxy summary request";
+
+/// The instruction used when the tenant gives no `summary.prompt`.
+pub const DEFAULT_PROMPT: &str = "You keep a running summary of a conversation between a user \
+and an AI assistant, so that later turns can continue without the full history. Merge the \
+previous summary (if any) with the new messages into one summary. Keep the facts stated, the \
+decisions made, the open tasks and questions, the user's preferences, and the tool results (with \
+their key values) that later turns may need. Drop small talk and anything superseded. Answer with \
+the summary text only.";
+
+/// Tool results longer than this are shortened before the summariser reads them, unless the
+/// tenant's `compress_tool_output` sets its own limit (the design notes' 200 tokens).
+pub const DEFAULT_TOOL_TOKENS: u64 = 200;
+
+/// What one summariser call is made of.
+pub struct SummaryRequest<'a> {
+    pub model: &'a str,
+    /// The tenant's `summary.prompt`, or `None` for [`DEFAULT_PROMPT`].
+    pub prompt: Option<&'a str>,
+    /// The summary in force, which the new one rolls forward.
+    pub previous: Option<&'a str>,
+    /// The messages to fold in, oldest first.
+    pub messages: &'a [Message],
+    pub encoding: Encoding,
+    /// Tool results over this many tokens are shortened.
+    pub tool_tokens: u64,
+    /// A rough size for the answer, in tokens.
+    pub target_tokens: u64,
+}
+
+impl SummaryRequest<'_> {
+    /// The chat-completions body.
+    pub fn body(&self) -> Value {
+        let mut task = format!(
+            "{MARKER}. Write the updated summary in at most about {} tokens.\n\n",
+            self.target_tokens.max(50)
+        );
+        match self.previous {
+            Some(p) => {
+                task.push_str("Previous summary:\n");
+                task.push_str(p);
+                task.push_str("\n\n");
+            }
+            None => task.push_str("Previous summary: none.\n\n"),
+        }
+        task.push_str("New messages:\n");
+        for m in self.messages {
+            self.transcribe(m, &mut task);
+        }
+        json!({
+            "model": self.model,
+            "stream": false,
+            "messages": [
+                {"role": "system", "content": self.prompt.unwrap_or(DEFAULT_PROMPT)},
+                {"role": "user", "content": task},
+            ],
+        })
+    }
+
+    /// One message as transcript lines.
+    fn transcribe(&self, m: &Message, out: &mut String) {
+        let mut text = m.text_content();
+        if m.role == Role::Tool || m.role == Role::Function {
+            if let Some(short) = compress(self.encoding, &text, self.tool_tokens) {
+                text = short;
+            }
+        }
+        let who = match (&m.role, &m.name) {
+            (Role::Tool, _) => match &m.tool_call_id {
+                Some(id) => format!("tool result ({id})"),
+                None => "tool result".to_string(),
+            },
+            (role, Some(name)) => format!("{} ({name})", role.as_str()),
+            (role, None) => role.as_str().to_string(),
+        };
+        if !text.is_empty() || !m.has_tool_calls() {
+            out.push_str(&format!("[{who}] {}\n", text.trim()));
+        }
+        for call in m.tool_calls() {
+            // Arguments can be as long as results; they get the same treatment.
+            let args = compress(self.encoding, &call.function.arguments, self.tool_tokens)
+                .unwrap_or_else(|| call.function.arguments.clone());
+            out.push_str(&format!(
+                "[{who} calls {} ({})] {args}\n",
+                call.function.name, call.id
+            ));
+        }
+    }
+}
+
+/// Where and how to send the summariser call.
+pub struct Target<'a> {
+    /// The tenant's upstream base URL, without a trailing slash.
+    pub base_url: &'a str,
+    /// The Authorization to send: the tenant's key, or the triggering client's for `keys: any`.
+    pub authorization: Option<&'a HeaderValue>,
+    pub client: &'a reqwest::Client,
+    /// The whole call's time limit.
+    pub timeout: Duration,
+}
+
+/// Makes the call; the summary text, or why there is none (an error status, a timeout, an
+/// empty or unreadable answer).
+pub async fn summarise(target: &Target<'_>, body: &Value) -> Result<String> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(auth) = target.authorization {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    let bytes = serde_json::to_vec(body).map_err(|e| Error::Internal(e.to_string()))?;
+    let call = async {
+        let resp = upstream::send(
+            target.client,
+            Outgoing {
+                method: axum::http::Method::POST,
+                url: format!("{}/chat/completions", target.base_url),
+                headers,
+                body: reqwest::Body::from(bytes),
+                header_timeout: target.timeout,
+            },
+        )
+        .await?;
+        let status = resp.status();
+        let answer = resp
+            .bytes()
+            .await
+            .map_err(|e| map_reqwest(e, target.timeout))?;
+        if !status.is_success() {
+            return Err(Error::UpstreamUnreachable(format!(
+                "summariser answered {status}"
+            )));
+        }
+        summary_text(&answer)
+    };
+    match tokio::time::timeout(target.timeout, call).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::UpstreamTimeout(target.timeout)),
+    }
+}
+
+/// The text of the first choice; an empty one is a failure, not a summary.
+fn summary_text(answer: &[u8]) -> Result<String> {
+    let v: Value = serde_json::from_slice(answer)
+        .map_err(|e| Error::Internal(format!("summariser answer is not JSON: {e}")))?;
+    let text = v
+        .pointer("/choices/0/message/content")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .unwrap_or_default();
+    if text.is_empty() {
+        return Err(Error::Internal("summariser gave an empty answer".into()));
+    }
+    Ok(text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conversation::Message;
+
+    fn request<'a>(messages: &'a [Message], previous: Option<&'a str>) -> SummaryRequest<'a> {
+        SummaryRequest {
+            model: "m",
+            prompt: None,
+            previous,
+            messages,
+            encoding: Encoding::Approximate,
+            tool_tokens: 20,
+            target_tokens: 300,
+        }
+    }
+
+    #[test]
+    fn body_carries_marker_previous_summary_and_shortened_tool_results() {
+        let mut tool = Message::text(Role::Tool, "x".repeat(2000));
+        tool.tool_call_id = Some("call_1".into());
+        let msgs = vec![Message::text(Role::User, "hello there"), tool];
+        let body = request(&msgs, Some("earlier facts")).body();
+        let task = body["messages"][1]["content"].as_str().unwrap();
+        assert!(task.starts_with(MARKER));
+        assert!(task.contains("Previous summary:\nearlier facts"));
+        assert!(task.contains("[user] hello there"));
+        assert!(task.contains("[tool result (call_1)]"));
+        assert!(task.len() < 1000, "tool output was shortened: {task}");
+        assert_eq!(body["messages"][0]["content"], DEFAULT_PROMPT);
+    }
+
+    #[test]
+    fn empty_answer_is_an_error() {
+        let empty = br#"{"choices":[{"message":{"content":"  "}}]}"#;
+        assert!(summary_text(empty).is_err());
+        let ok = br#"{"choices":[{"message":{"content":"facts"}}]}"#;
+        assert_eq!(summary_text(ok).unwrap(), "facts");
+    }
+}

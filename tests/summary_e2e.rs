@@ -1,0 +1,364 @@
+//! End-to-end: rolling summaries (SPEC 5 step 5, 5.2) through a real proxy and the mock
+//! upstream, whose script answers the summariser's requests. Jobs run after the answer, so the
+//! tests wait (bounded) for them instead of sleeping fixed times.
+
+mod common;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ctxproxy::conversation::Message;
+use ctxproxy::mock_upstream::{MockHandle, RecordedRequest, ScriptEntry};
+use ctxproxy::summarize::request::MARKER;
+use ctxproxy::tokens::{Encoding, TokenCounter};
+use serde_json::{Value, json};
+
+const SESSION: &str = "sum-1";
+const BUDGET: u64 = 2500;
+const PREFIX: &str = "Summary of the earlier conversation:\n";
+
+fn tenant(blocking: bool) -> String {
+    format!(
+        "keys: any\nupstream:\n  base_url: {{upstream}}\npolicy:\n  summary: {{ model: summariser-1, \
+         trigger_tokens: 2000, target_tokens: 1200, min_messages: 10, blocking: {blocking} }}\n  \
+         token_budget: {{ max_tokens: {BUDGET} }}\n"
+    )
+}
+
+fn opts(blocking: bool) -> ProxyOptions {
+    ProxyOptions::default().only_tenant("default", &tenant(blocking))
+}
+
+/// A user message of about 100 tokens, recognisable by its number.
+fn user(n: usize) -> Value {
+    json!({"role": "user", "content": format!("q{n:03} {}", "lorem ipsum dolor ".repeat(22))})
+}
+
+fn system() -> Value {
+    json!({"role": "system", "content": "You are a test assistant."})
+}
+
+fn script(mock: &MockHandle, status: u16, content: &str) {
+    mock.set_script(vec![ScriptEntry {
+        matches: MARKER.into(),
+        status,
+        content: content.into(),
+    }]);
+}
+
+fn is_summary_request(r: &RecordedRequest) -> bool {
+    String::from_utf8_lossy(&r.body).contains(MARKER)
+}
+
+/// The summariser's input: the user message of a summary request.
+fn summary_input(r: &RecordedRequest) -> String {
+    r.body_json().unwrap()["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Sends one chat turn; returns the reply message and the tokens the proxy says it sent.
+async fn turn(proxy: &Proxy, session: &str, history: &[Value]) -> (Value, u64) {
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth("sk-client")
+        .header("x-session-id", session)
+        .json(&json!({"model": "test-model", "messages": history}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "a user request never fails");
+    let out: u64 = resp.headers()["x-ctxproxy-tokens-out"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let v: Value = resp.json().await.unwrap();
+    (v["choices"][0]["message"].clone(), out)
+}
+
+/// Waits (at most 10 s) until no summary job runs in `proxy`.
+async fn settle(proxy: &Proxy) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.state.summaries.running() > 0 {
+        assert!(Instant::now() < deadline, "summary job still running");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A counter's value from the proxy's `/metrics` (0 when absent). The registry is per test
+/// process, so other tests' jobs may add to it: assert lower bounds only.
+async fn counter(proxy: &Proxy, series: &str) -> f64 {
+    let text = client()
+        .get(proxy.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Tokens of a request the mock received, counted independently of the proxy's report.
+fn sent_tokens(r: &RecordedRequest) -> u64 {
+    let msgs: Vec<Message> =
+        serde_json::from_value(r.body_json().unwrap()["messages"].clone()).unwrap();
+    TokenCounter::new().request(Encoding::Approximate, &msgs, None, None)
+}
+
+#[tokio::test]
+async fn sixty_turns_roll_summaries_forward_and_stay_in_budget() {
+    let (proxy, mock) = proxy_and_mock(opts(false)).await;
+    let store = proxy.state.store.clone();
+    script(&mock, 200, "SUMMARY-1 facts");
+    let mut history = vec![system()];
+    for n in 1..=60 {
+        history.push(user(n));
+        let (reply, out) = turn(&proxy, SESSION, &history).await;
+        assert!(out <= BUDGET, "turn {n} sent {out} tokens");
+        history.push(reply);
+        settle(&proxy).await;
+        // Each summary gets its own text, so the rolling input can be checked.
+        let made = store
+            .list_summaries("default", SESSION)
+            .await
+            .unwrap()
+            .len();
+        script(&mock, 200, &format!("SUMMARY-{} facts", made + 1));
+    }
+
+    let summaries = store.list_summaries("default", SESSION).await.unwrap();
+    assert!(summaries.len() >= 2, "{} summaries", summaries.len());
+    let seen = mock.requests();
+    let asked: Vec<&RecordedRequest> = seen.iter().filter(|r| is_summary_request(r)).collect();
+    assert_eq!(
+        asked.len(),
+        summaries.len(),
+        "one summariser call per summary"
+    );
+    for (k, s) in summaries.iter().enumerate() {
+        assert_eq!(s.text, format!("SUMMARY-{} facts", k + 1));
+        assert_eq!(s.model.as_deref(), Some("summariser-1"));
+        assert!(s.token_count > 0);
+    }
+    let body = asked[0].body_json().unwrap();
+    assert_eq!(body["model"], "summariser-1");
+    assert_eq!(asked[0].header("authorization"), Some("Bearer sk-client"));
+
+    // The second summary rolls the first forward: its input is the first summary plus only the
+    // messages after what the first covers.
+    let stored = store.head_branch("default", SESSION).await.unwrap();
+    assert_eq!(stored.len(), 121, "every message is kept in the store");
+    let input = summary_input(asked[1]);
+    assert!(
+        input.contains("Previous summary:\nSUMMARY-1 facts"),
+        "{input}"
+    );
+    for m in stored.iter().filter(|m| m.body["role"] == "user") {
+        let tag = &m.body["content"].as_str().unwrap()[..4];
+        let expected = m.seq > summaries[0].covers_until && m.seq <= summaries[1].covers_until;
+        assert_eq!(input.contains(tag), expected, "{tag} at seq {}", m.seq);
+    }
+
+    // Requests after a summary carry the newest one right after the system message; the
+    // messages it covers are gone from them; nothing ever exceeds the budget.
+    let mut made = 0;
+    for r in &seen {
+        if is_summary_request(r) {
+            made += 1;
+            continue;
+        }
+        assert!(sent_tokens(r) <= BUDGET);
+        let msgs = r.body_json().unwrap()["messages"].clone();
+        assert_eq!(msgs[0], system());
+        if made == 0 {
+            assert_ne!(msgs[1]["role"], "system");
+            continue;
+        }
+        let text = format!("{PREFIX}SUMMARY-{made} facts");
+        assert_eq!(msgs[1], json!({"role": "system", "content": text}));
+        let covered = summaries[made - 1].covers_until;
+        let sent = serde_json::to_string(&msgs).unwrap();
+        for m in stored.iter().filter(|m| m.seq <= covered) {
+            if m.body["role"] == "user" {
+                let tag = &m.body["content"].as_str().unwrap()[..4];
+                assert!(!sent.contains(tag), "{tag} is covered but was sent");
+            }
+        }
+    }
+
+    // The admin session route shows the newest summary of the head branch.
+    let (status, detail) = proxy
+        .admin_get(&format!("/ctxproxy/v1/sessions/default/{SESSION}"))
+        .await;
+    assert_eq!(status, 200, "{detail}");
+    let newest = summaries.last().unwrap();
+    assert_eq!(detail["summary"]["text"], newest.text);
+    assert_eq!(detail["summary"]["covers_until"], newest.covers_until);
+
+    // Every request record reports whether a summary was used and up to which seq.
+    let records = store.list_requests("default", SESSION).await.unwrap();
+    assert_eq!(records.len(), 60);
+    let first = &records[0].report.as_ref().unwrap()["summary"];
+    assert_eq!(first, &json!({"used": false, "covers_until": null}));
+    let last = &records[59].report.as_ref().unwrap()["summary"];
+    assert_eq!(last["used"], true);
+    assert_eq!(
+        last["covers_until"],
+        json!(summaries.last().unwrap().covers_until)
+    );
+}
+
+#[tokio::test]
+async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    script(&mock, 200, "BLOCKING facts");
+    let mut history = vec![system()];
+    let mut n = 0;
+    while mock.requests().iter().all(|r| !is_summary_request(r)) {
+        n += 1;
+        assert!(n <= 40, "the trigger was never crossed");
+        history.push(user(n));
+        let (reply, _) = turn(&proxy, SESSION, &history).await;
+        history.push(reply);
+    }
+    let seen = mock.requests();
+    let last = seen.last().unwrap();
+    assert!(
+        is_summary_request(&seen[seen.len() - 2]),
+        "summarised first"
+    );
+    let msgs = last.body_json().unwrap()["messages"].clone();
+    assert_eq!(msgs[1]["content"], format!("{PREFIX}BLOCKING facts"));
+    assert_eq!(proxy.state.summaries.running(), 0);
+}
+
+#[tokio::test]
+async fn failed_summary_never_fails_the_request_and_is_retried_later() {
+    let (proxy, mock) = proxy_and_mock(opts(false)).await;
+    let store = proxy.state.store.clone();
+    script(&mock, 500, "summariser down");
+    let mut history = vec![system()];
+    let mut n = 0;
+    let asked = |mock: &MockHandle| {
+        mock.requests()
+            .iter()
+            .filter(|r| is_summary_request(r))
+            .count()
+    };
+    while asked(&mock) == 0 {
+        n += 1;
+        assert!(n <= 40, "the trigger was never crossed");
+        history.push(user(n));
+        let (reply, _) = turn(&proxy, SESSION, &history).await;
+        history.push(reply);
+        settle(&proxy).await;
+    }
+    assert!(
+        store
+            .list_summaries("default", SESSION)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The summariser recovers; a later turn (after the backoff) tries again and succeeds.
+    script(&mock, 200, "RECOVERED facts");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store
+        .list_summaries("default", SESSION)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "no retry made a summary");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        n += 1;
+        history.push(user(n));
+        let (reply, _) = turn(&proxy, SESSION, &history).await;
+        history.push(reply);
+        settle(&proxy).await;
+    }
+    assert!(asked(&mock) >= 2, "retried after the failure");
+    assert!(counter(&proxy, "ctxproxy_summaries_total{outcome=\"error\"}").await >= 1.0);
+}
+
+/// A conversation of `turns` fabricated turns plus a new question: over the trigger at once.
+fn long_conversation(turns: usize) -> Vec<Value> {
+    let mut history = vec![system()];
+    for n in 1..=turns {
+        history.push(user(n));
+        history.push(json!({"role": "assistant", "content": format!("answer {n}")}));
+    }
+    history.push(user(turns + 1));
+    history
+}
+
+#[tokio::test]
+async fn two_processes_on_one_postgres_make_one_summary() {
+    let Some(db) = pg::PgTestDb::create().await else {
+        return;
+    };
+    // A's upstream is slow, B's fast: B's job starts while A's still holds the summary lease.
+    let slow = ctxproxy::mock_upstream::spawn(Duration::from_millis(1500)).await;
+    let fast = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
+    script(&slow, 200, "SHARED facts");
+    script(&fast, 200, "SHARED facts");
+    let shared = || ProxyOptions {
+        database_url: Some(db.url.clone()),
+        ..opts(false)
+    };
+    let a = Proxy::start(shared(), &slow.base_url()).await;
+    let b = Proxy::start(shared(), &fast.base_url()).await;
+
+    let history = long_conversation(20);
+    let first = turn(&a, SESSION, &history);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        turn(&b, SESSION, &history).await
+    };
+    let _ = tokio::join!(first, second);
+    settle(&a).await;
+    settle(&b).await;
+
+    let asked = slow
+        .requests()
+        .iter()
+        .filter(|r| is_summary_request(r))
+        .count()
+        + fast
+            .requests()
+            .iter()
+            .filter(|r| is_summary_request(r))
+            .count();
+    assert_eq!(asked, 1, "one summary job for the session, not two");
+    // The other process did plan a job too; the lease (or the re-check under it) stopped it.
+    assert!(counter(&b, "ctxproxy_summaries_total{outcome=\"skipped\"}").await >= 1.0);
+    let summaries = a
+        .state
+        .store
+        .list_summaries("default", SESSION)
+        .await
+        .unwrap();
+    assert_eq!(summaries.len(), 1);
+
+    // The other process uses the shared summary on the next turn.
+    let mut next = history.clone();
+    next.push(json!({"role": "assistant", "content": "ok"}));
+    next.push(user(99));
+    turn(&b, SESSION, &next).await;
+    let last = fast.requests().last().unwrap().body_json().unwrap();
+    assert_eq!(
+        last["messages"][1]["content"],
+        format!("{PREFIX}SHARED facts")
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
