@@ -3,8 +3,6 @@
 //! tests wait (bounded) for them instead of sleeping fixed times.
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::time::{Duration, Instant};
 
@@ -303,7 +301,7 @@ fn long_conversation(turns: usize) -> Vec<Value> {
 
 #[tokio::test]
 async fn two_processes_on_one_postgres_make_one_summary() {
-    let Some(db) = pg::PgTestDb::create().await else {
+    let Some(db) = common::pg::PgTestDb::create().await else {
         return;
     };
     // A's upstream is slow, B's fast: B's job starts while A's still holds the summary lease.
