@@ -12,22 +12,19 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::body::read_limited;
-use super::call::{Call, chat_messages};
+use super::call::Call;
 use super::completion::Completion;
-use super::{request_id, tenant};
-use crate::access;
+use super::{request_id, rewrite, tenant};
 use crate::app::AppState;
 use crate::config::{Config, HistoryMode, Selected, Tenant};
-use crate::context::{self, PipelineInput, Report, ToolAccess};
-use crate::conversation::{ItemMessages, Message, Role, chain_ids, responses_items};
+use crate::context::Report;
+use crate::conversation::chain_ids;
 use crate::error::{Error, Result};
 use crate::session::{self, SessionLock};
 use crate::store::Scope;
-use crate::summarize;
 use crate::upstream::headers::bearer;
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
@@ -182,7 +179,7 @@ enum Answer {
 }
 
 /// The history mode for this request: `x-ctxproxy-history`, else the tenant's.
-fn history_mode(headers: &HeaderMap, tenant: &Tenant) -> Result<HistoryMode> {
+pub(crate) fn history_mode(headers: &HeaderMap, tenant: &Tenant) -> Result<HistoryMode> {
     match headers.get(HISTORY_HEADER) {
         None => Ok(tenant.file.session.history),
         Some(v) => v.to_str().ok().and_then(HistoryMode::parse).ok_or_else(|| {
@@ -238,16 +235,7 @@ async fn prepare(
     let store = state.store.as_ref();
 
     // Step 1 of SPEC 5 first: a forbidden tool is refused before anything is stored.
-    let role = access::resolve_role(tenant, selected.key_role.as_deref(), headers)?;
-    let tools_in = call.tools_mut().take();
-    let allowed = state.tool_access.allowed(
-        tenant,
-        role.as_deref(),
-        tools_in.as_deref().unwrap_or_default(),
-    )?;
-    access::check_tool_choice(call.tool_choice(), &allowed)?;
-    *call.tools_mut() =
-        tools_in.map(|tools| allowed.kept.iter().map(|&i| tools[i].clone()).collect());
+    let allowed = rewrite::cut_tools(state, selected, headers, &mut call)?;
 
     let mode = history_mode(headers, tenant)?;
     let scope = Scope {
@@ -303,90 +291,28 @@ async fn prepare(
         mode,
         resolved.anchor.map(session::history::Base::At),
         incoming,
+        true,
     )
     .await?;
     crate::metrics::store_op("append_request", t.elapsed());
 
-    let mut summary_job = None;
-    let report = match &mut call {
-        Call::Chat(_) => {
-            let messages = chat_messages(&assembled.messages)?;
-            check_current_turn(&messages, &allowed)?;
-            let facts = config.models.lookup(call.model());
-            let tools_json = call.tools_mut().clone().map(Value::Array);
-            let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
-                offered: allowed.offered.clone(),
-                scrub_history: tenant.file.tools.scrub_history,
-            });
-            let mut summary = summarize::prepare(
-                state,
-                tenant,
-                &resolved.id,
-                headers,
-                &messages,
-                &assembled.ids,
-                facts,
-            )
-            .await;
-            let input = PipelineInput {
-                messages: &messages,
-                ids: Some(&assembled.ids),
-                tools: tools_json.as_ref(),
-                policy: &tenant.policy,
-                model: facts,
-                summary: summary.applied(),
-                tool_access: tool_access.as_ref(),
-            };
-            let mut rewritten = context::run(input, &state.tokens)?;
-            summary.fix_report(&mut rewritten.report);
-            summary_job = summary.take_job();
-            count_rewrites(&rewritten.report);
-            call.put_chat_messages(rewritten.messages);
-            Some(rewritten.report)
-        }
-        Call::Responses(_) => {
-            let conv = ItemMessages::new(call.instructions(), &assembled.messages);
-            check_current_turn(&conv.messages, &allowed)?;
-            let facts = config.models.lookup(call.model());
-            let tools_json = call.tools_mut().clone().map(Value::Array);
-            let ids = conv.ids(&assembled.ids);
-            if call.previous_response_id().is_some() {
-                // An id the proxy does not know: the upstream holds history the proxy never
-                // saw, so a rewrite would be blind (repair would drop the results of calls only
-                // the upstream knows). The items go as received; only the tokens are reported.
-                let tokens = state.tokens.request(
-                    facts.encoding,
-                    &conv.messages,
-                    ids.as_deref(),
-                    tools_json.as_ref(),
-                );
-                call.put_items(assembled.messages);
-                Some(Report {
-                    tokens_in: tokens,
-                    tokens_out: tokens,
-                    ..Report::default()
-                })
-            } else {
-                let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
-                    offered: allowed.offered.clone(),
-                    scrub_history: tenant.file.tools.scrub_history,
-                });
-                let input = PipelineInput {
-                    messages: &conv.messages,
-                    ids: ids.as_deref(),
-                    tools: tools_json.as_ref(),
-                    policy: &tenant.policy,
-                    model: facts,
-                    summary: None,
-                    tool_access: tool_access.as_ref(),
-                };
-                let rewritten = context::run(input, &state.tokens)?;
-                count_rewrites(&rewritten.report);
-                call.put_items(responses_items::to_items(&rewritten.messages));
-                Some(conv.report_in_items(rewritten.report))
-            }
-        }
-    };
+    let rewritten = rewrite::rewrite(
+        state,
+        config,
+        tenant,
+        headers,
+        &allowed,
+        &mut call,
+        rewrite::Conversation {
+            session: &resolved.id,
+            messages: assembled.messages,
+            ids: &assembled.ids,
+        },
+        rewrite::Purpose::Live,
+    )
+    .await?;
+    let report = rewritten.report;
+    let summary_job = rewritten.summary_job;
     let completion = Completion {
         state: state.clone(),
         tenant: tenant.name.clone(),
@@ -406,49 +332,6 @@ async fn prepare(
         completion,
         report,
     })
-}
-
-/// 403 when the current turn (after the last user message) calls a tool the role may not use.
-fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result<()> {
-    let start = messages
-        .iter()
-        .rposition(|m| m.role == Role::User)
-        .map_or(0, |i| i + 1);
-    for m in &messages[start..] {
-        for call in m.tool_calls() {
-            if !allowed.permits(&call.function.name) {
-                return Err(access::forbidden(&call.function.name, "messages"));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn count_rewrites(report: &Report) {
-    use crate::context::{RemoveReason as R, RepairKind as K};
-    for removed in &report.removed {
-        let reason = match removed.reason {
-            R::ToolAccess => "tool_access",
-            R::ToolFilter => "tool_filter",
-            R::ToolCallWindow => "tool_call_window",
-            R::TokenBudget => "token_budget",
-            R::Summary => "summary",
-        };
-        crate::metrics::rewrite(reason, 1);
-    }
-    if !report.compressed.is_empty() {
-        crate::metrics::rewrite("compress", report.compressed.len() as u64);
-    }
-    for repaired in &report.repaired {
-        let kind = match repaired.kind {
-            K::OrphanResult => "orphan_result",
-            K::MovedResult => "moved_result",
-            K::DuplicateId => "duplicate_id",
-            K::UnansweredCall => "unanswered_call",
-            K::EmptyAssistant => "empty_assistant",
-        };
-        crate::metrics::repair(kind, 1);
-    }
 }
 
 /// Forwards the prepared request and relays the answer; the completion runs when it is whole.

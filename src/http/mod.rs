@@ -9,7 +9,9 @@ pub mod error;
 pub mod health;
 pub mod managed;
 pub mod passthrough;
+pub mod preview;
 pub mod request_id;
+pub mod rewrite;
 pub mod tenant;
 
 use std::sync::Arc;
@@ -33,6 +35,11 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(managed::responses).fallback(passthrough::forward),
         )
         .route("/v1/{*rest}", any(passthrough::forward))
+        .route(
+            "/ctxproxy/v1/preview/chat/completions",
+            post(preview::chat_completions),
+        )
+        .route("/ctxproxy/v1/preview/responses", post(preview::responses))
         .route("/ctxproxy/v1/sessions", get(admin::list_sessions))
         .route(
             "/ctxproxy/v1/sessions/{tenant}/{session}",

@@ -32,7 +32,8 @@ pub enum Base {
     At(MessageId),
 }
 
-/// Builds the conversation for `incoming` and stores what is new.
+/// Builds the conversation for `incoming` and, with `write`, stores what is new (previews
+/// assemble the same conversation without writing).
 pub async fn assemble(
     store: &dyn Store,
     tenant: &str,
@@ -40,6 +41,7 @@ pub async fn assemble(
     mode: HistoryMode,
     base: Option<Base>,
     incoming: Vec<Value>,
+    write: bool,
 ) -> Result<Assembled> {
     let base = match (mode, base) {
         (_, Some(b)) => Some(b),
@@ -54,10 +56,15 @@ pub async fn assemble(
     if stored.is_empty() {
         let ids = chain_ids(&incoming);
         let new = chain_messages(&incoming, &ids);
-        let appended = store.append_messages(tenant, session, None, &new).await?;
+        let stored_new = if write {
+            let appended = store.append_messages(tenant, session, None, &new).await?;
+            appended.iter().filter(|a| a.new).count()
+        } else {
+            0
+        };
         return Ok(Assembled {
             reply_parent: ids.last().copied(),
-            stored_new: appended.iter().filter(|a| a.new).count(),
+            stored_new,
             messages: incoming,
             ids,
         });
@@ -76,9 +83,14 @@ pub async fn assemble(
         }
         ids
     };
-    let appended = store
-        .append_messages(tenant, session, parent, &chain_messages(new, &new_ids))
-        .await?;
+    let stored_new = if write {
+        let appended = store
+            .append_messages(tenant, session, parent, &chain_messages(new, &new_ids))
+            .await?;
+        appended.iter().filter(|a| a.new).count()
+    } else {
+        0
+    };
 
     let mut messages = Vec::with_capacity(stored.len() + incoming.len());
     let mut ids = Vec::with_capacity(stored.len() + incoming.len());
@@ -102,7 +114,7 @@ pub async fn assemble(
     ids.extend(new_ids.iter().copied());
     Ok(Assembled {
         reply_parent: new_ids.last().copied().or(parent),
-        stored_new: appended.iter().filter(|a| a.new).count(),
+        stored_new,
         messages,
         ids,
     })

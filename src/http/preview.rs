@@ -1,0 +1,121 @@
+//! The preview routes (SPEC 3): a dry run of the managed routes with the caller's tenant and
+//! policy. The answer is the rewritten conversation and the report; no upstream is called and
+//! nothing is stored. With a session id, stored history is used as the real call would use it.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use serde_json::{Value, json};
+
+use super::body::read_limited;
+use super::call::Call;
+use super::managed::{Endpoint, history_mode};
+use super::rewrite::{self, Conversation, Purpose};
+use super::tenant;
+use crate::app::AppState;
+use crate::conversation::chain_ids;
+use crate::error::{Error, Result};
+use crate::session::{self, history::Base};
+
+/// `POST /ctxproxy/v1/preview/chat/completions`.
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>> {
+    preview(state, headers, body, Endpoint::Chat).await
+}
+
+/// `POST /ctxproxy/v1/preview/responses`.
+pub async fn responses(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>> {
+    preview(state, headers, body, Endpoint::Responses).await
+}
+
+async fn preview(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    body: Body,
+    endpoint: Endpoint,
+) -> Result<Json<Value>> {
+    let config = state.config.load_full();
+    let selected = tenant::select(&config, &headers)?;
+    let tenant = selected.tenant.clone();
+    let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
+    let mut call = Call::parse(endpoint, &bytes)?;
+    let allowed = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
+    let mode = history_mode(&headers, &tenant)?;
+    let incoming = call.take_conversation()?;
+
+    // Only a session the client names is read; a preview never creates or guesses one.
+    let named = match headers.get(tenant.file.session.header.as_str()) {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            Error::invalid(
+                "the session header must be visible ASCII",
+                Some(tenant.file.session.header.clone()),
+            )
+        })?),
+        None => call.metadata_session_id(),
+    }
+    .map(str::to_string);
+    let previous = match call.previous_response_id() {
+        Some(id) => state.store.find_response(&tenant.name, id).await?,
+        None => None,
+    };
+    let session_id = match (&named, &previous) {
+        (Some(id), _) => Some(id.clone()),
+        (None, Some(p)) => Some(p.session.clone()),
+        (None, None) => None,
+    };
+    let known = match &session_id {
+        Some(id) => state.store.get_session(&tenant.name, id).await?.is_some(),
+        None => false,
+    };
+    let (messages, ids) = if known {
+        if previous.is_some() {
+            call.clear_previous_response_id();
+        }
+        let assembled = session::assemble(
+            state.store.as_ref(),
+            &tenant.name,
+            session_id.as_deref().unwrap_or_default(),
+            mode,
+            previous.map(|p| Base::At(p.message)),
+            incoming,
+            false,
+        )
+        .await?;
+        (assembled.messages, assembled.ids)
+    } else {
+        let ids = chain_ids(&incoming);
+        (incoming, ids)
+    };
+    let outcome = rewrite::rewrite(
+        &state,
+        &config,
+        &tenant,
+        &headers,
+        &allowed,
+        &mut call,
+        Conversation {
+            session: session_id.as_deref().unwrap_or_default(),
+            messages,
+            ids: &ids,
+        },
+        Purpose::Preview,
+    )
+    .await?;
+    let report =
+        serde_json::to_value(&outcome.report).map_err(|e| Error::Internal(e.to_string()))?;
+    let body = match call {
+        Call::Chat(r) => json!({"messages": r.messages, "report": report}),
+        Call::Responses(r) => json!({"input": r.input, "report": report}),
+    };
+    Ok(Json(body))
+}

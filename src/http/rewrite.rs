@@ -1,0 +1,208 @@
+//! The rewrite step of a managed request, shared by the real routes and the preview routes:
+//! the conversation (as wire JSON) goes through the pure pipeline with the tenant's policy, the
+//! role's tool access and the stored summary; the call gets the rewritten conversation back.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
+use super::call::{Call, chat_messages};
+use crate::access;
+use crate::app::AppState;
+use crate::config::{Config, Selected, Tenant};
+use crate::context::{self, PipelineInput, Report, ToolAccess};
+use crate::conversation::{Message, MessageId, Role, responses_items};
+use crate::error::Result;
+use crate::summarize;
+
+/// Why the conversation is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A real request: a summary that is due may be planned (and made, when blocking).
+    Live,
+    /// A preview: only what is stored is read; nothing is started or written.
+    Preview,
+}
+
+/// The conversation to rewrite.
+pub struct Conversation<'a> {
+    /// The session, when there is one to read a stored summary from.
+    pub session: &'a str,
+    /// System + history + new messages, as wire JSON (chat messages or Responses items).
+    pub messages: Vec<Value>,
+    /// Ids parallel to `messages` (stored ids where stored), for the token count cache.
+    pub ids: &'a [MessageId],
+}
+
+/// What the rewrite produced besides the rewritten call.
+pub struct Outcome {
+    pub report: Option<Report>,
+    /// A summary job to start once the answer is stored.
+    pub summary_job: Option<summarize::Job>,
+}
+
+/// Resolves the role and cuts the request's `tools` to what it may use; a `tool_choice` naming
+/// a forbidden tool is refused (SPEC 6).
+pub fn cut_tools(
+    state: &AppState,
+    selected: &Selected,
+    headers: &HeaderMap,
+    call: &mut Call,
+) -> Result<Arc<access::Allowed>> {
+    let tenant = &selected.tenant;
+    let role = access::resolve_role(tenant, selected.key_role.as_deref(), headers)?;
+    let tools_in = call.tools_mut().take();
+    let allowed = state.tool_access.allowed(
+        tenant,
+        role.as_deref(),
+        tools_in.as_deref().unwrap_or_default(),
+    )?;
+    access::check_tool_choice(call.tool_choice(), &allowed)?;
+    *call.tools_mut() =
+        tools_in.map(|tools| allowed.kept.iter().map(|&i| tools[i].clone()).collect());
+    Ok(allowed)
+}
+
+/// Rewrites `call`'s conversation in place.
+#[allow(clippy::too_many_arguments)]
+pub async fn rewrite(
+    state: &Arc<AppState>,
+    config: &Config,
+    tenant: &Arc<Tenant>,
+    headers: &HeaderMap,
+    allowed: &access::Allowed,
+    call: &mut Call,
+    conversation: Conversation<'_>,
+    purpose: Purpose,
+) -> Result<Outcome> {
+    let facts = config.models.lookup(call.model());
+    let tools_json = call.tools_mut().clone().map(Value::Array);
+    let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
+        offered: allowed.offered.clone(),
+        scrub_history: tenant.file.tools.scrub_history,
+    });
+    let Conversation {
+        session,
+        messages: wire,
+        ids,
+    } = conversation;
+    match call {
+        Call::Chat(_) => {
+            let messages = chat_messages(&wire)?;
+            check_current_turn(&messages, allowed)?;
+            let mut summary = match purpose {
+                Purpose::Live => {
+                    summarize::prepare(state, tenant, session, headers, &messages, ids, facts).await
+                }
+                Purpose::Preview => summarize::stored(state, tenant, session, &messages, ids).await,
+            };
+            let input = PipelineInput {
+                messages: &messages,
+                ids: Some(ids),
+                tools: tools_json.as_ref(),
+                policy: &tenant.policy,
+                model: facts,
+                summary: summary.applied(),
+                tool_access: tool_access.as_ref(),
+            };
+            let mut rewritten = context::run(input, &state.tokens)?;
+            summary.fix_report(&mut rewritten.report);
+            if purpose == Purpose::Live {
+                count_rewrites(&rewritten.report);
+            }
+            call.put_chat_messages(rewritten.messages);
+            Ok(Outcome {
+                report: Some(rewritten.report),
+                summary_job: summary.take_job(),
+            })
+        }
+        Call::Responses(_) => {
+            let conv = responses_items::ItemMessages::new(call.instructions(), &wire);
+            check_current_turn(&conv.messages, allowed)?;
+            let item_ids = conv.ids(ids);
+            if call.previous_response_id().is_some() {
+                // An id the proxy does not know: the upstream holds history the proxy never
+                // saw, so a rewrite would be blind (repair would drop the results of calls only
+                // the upstream knows). The items go as received; only the tokens are reported.
+                let tokens = state.tokens.request(
+                    facts.encoding,
+                    &conv.messages,
+                    item_ids.as_deref(),
+                    tools_json.as_ref(),
+                );
+                call.put_items(wire);
+                return Ok(Outcome {
+                    report: Some(Report {
+                        tokens_in: tokens,
+                        tokens_out: tokens,
+                        ..Report::default()
+                    }),
+                    summary_job: None,
+                });
+            }
+            // Summaries are wired for chat completions only so far (see the README).
+            let input = PipelineInput {
+                messages: &conv.messages,
+                ids: item_ids.as_deref(),
+                tools: tools_json.as_ref(),
+                policy: &tenant.policy,
+                model: facts,
+                summary: None,
+                tool_access: tool_access.as_ref(),
+            };
+            let rewritten = context::run(input, &state.tokens)?;
+            if purpose == Purpose::Live {
+                count_rewrites(&rewritten.report);
+            }
+            call.put_items(responses_items::to_items(&rewritten.messages));
+            Ok(Outcome {
+                report: Some(conv.report_in_items(rewritten.report)),
+                summary_job: None,
+            })
+        }
+    }
+}
+
+/// 403 when the current turn (after the last user message) calls a tool the role may not use.
+fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result<()> {
+    let start = messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map_or(0, |i| i + 1);
+    for m in &messages[start..] {
+        for call in m.tool_calls() {
+            if !allowed.permits(&call.function.name) {
+                return Err(access::forbidden(&call.function.name, "messages"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn count_rewrites(report: &Report) {
+    use crate::context::{RemoveReason as R, RepairKind as K};
+    for removed in &report.removed {
+        let reason = match removed.reason {
+            R::ToolAccess => "tool_access",
+            R::ToolFilter => "tool_filter",
+            R::ToolCallWindow => "tool_call_window",
+            R::TokenBudget => "token_budget",
+            R::Summary => "summary",
+        };
+        crate::metrics::rewrite(reason, 1);
+    }
+    if !report.compressed.is_empty() {
+        crate::metrics::rewrite("compress", report.compressed.len() as u64);
+    }
+    for repaired in &report.repaired {
+        let kind = match repaired.kind {
+            K::OrphanResult => "orphan_result",
+            K::MovedResult => "moved_result",
+            K::DuplicateId => "duplicate_id",
+            K::UnansweredCall => "unanswered_call",
+            K::EmptyAssistant => "empty_assistant",
+        };
+        crate::metrics::repair(kind, 1);
+    }
+}

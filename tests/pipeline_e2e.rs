@@ -1,0 +1,273 @@
+//! End-to-end: the context pipeline through the proxy (SPEC 5): a long agent conversation whose
+//! every upstream request is valid by the repair invariant while the store keeps everything,
+//! and the preview routes (a dry run: rewritten conversation and report, nothing stored).
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// SPEC 5 step 7: every `tool` message answers an id of the nearest preceding assistant message
+/// with tool calls, with only tool messages between; every such id is answered exactly once; no
+/// assistant message has neither content nor tool calls.
+fn assert_valid(messages: &[Value]) {
+    let mut open: Vec<String> = Vec::new();
+    let mut answered: HashSet<String> = HashSet::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"].as_str().unwrap();
+        if role == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap().to_string();
+            assert!(
+                open.contains(&id),
+                "message {i}: tool result {id} answers no open call"
+            );
+            assert!(
+                answered.insert(id.clone()),
+                "message {i}: {id} answered twice"
+            );
+            continue;
+        }
+        assert!(
+            open.iter().all(|id| answered.contains(id)),
+            "message {i}: calls {open:?} left unanswered"
+        );
+        open.clear();
+        answered.clear();
+        if role == "assistant" {
+            let calls = m["tool_calls"].as_array().map(Vec::len).unwrap_or(0);
+            let text = m["content"].as_str().is_some_and(|s| !s.is_empty());
+            assert!(calls > 0 || text, "message {i}: empty assistant message");
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                open.push(c["id"].as_str().unwrap().to_string());
+            }
+        }
+    }
+    assert!(
+        open.iter().all(|id| answered.contains(id)),
+        "calls left unanswered at the end"
+    );
+}
+
+const AGENT_TENANT: &str = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  tool_call_window:\n    max: 3\n  compress_tool_output:\n    max_tokens: 40\n  token_budget:\n    max_tokens: 4000\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_turn_agent_conversation_stays_valid_upstream_and_complete_in_the_store() {
+    let opts = ProxyOptions::default().only_tenant("default", AGENT_TENANT);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let http = client();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let mut messages = vec![json!({"role": "system", "content": "You are a weather agent."})];
+    let mut session = None;
+    for turn in 0..200 {
+        messages.push(json!({"role": "user", "content": format!("call get_weather {{\"city\": \"city-{turn}\"}}")}));
+        for step in 0..2 {
+            let resp = http
+                .post(format!("{}/chat/completions", proxy.base_url()))
+                .json(&json!({"model": "gpt-4o-mini", "messages": messages, "tools": tools}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "turn {turn} step {step}");
+            let sid = resp.headers()["x-ctxproxy-session"]
+                .to_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(
+                session.get_or_insert(sid.clone()),
+                &sid,
+                "one session throughout"
+            );
+            let v: Value = resp.json().await.unwrap();
+            let reply = v["choices"][0]["message"].clone();
+            messages.push(reply.clone());
+            if let Some(call) = reply["tool_calls"].get(0) {
+                let output = json!({"city": format!("city-{turn}"), "forecast": vec!["sunny with a light breeze"; 30]});
+                messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": output.to_string()}));
+            }
+        }
+    }
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 400);
+    for (i, r) in seen.iter().enumerate() {
+        let body = r.body_json().unwrap();
+        let sent = body["messages"].as_array().unwrap();
+        assert_valid(sent);
+        assert_eq!(
+            sent[0]["role"], "system",
+            "request {i} keeps the system message"
+        );
+        let history_calls = sent
+            .iter()
+            .take(sent.iter().rposition(|m| m["role"] == "user").unwrap())
+            .filter(|m| m["role"] == "tool")
+            .count();
+        assert!(
+            history_calls <= 3,
+            "request {i}: {history_calls} history tool calls"
+        );
+    }
+    let stored = proxy
+        .stored_messages("default", session.as_deref().unwrap())
+        .await;
+    assert_eq!(stored.len(), messages.len(), "every message stored once");
+    for (s, m) in stored.iter().zip(&messages) {
+        assert_eq!(s["role"], m["role"]);
+        assert_eq!(s["content"], m["content"]);
+    }
+}
+
+#[tokio::test]
+async fn preview_returns_the_rewrite_and_stores_nothing() {
+    let opts = ProxyOptions::default().only_tenant("default", AGENT_TENANT);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..5 {
+        let id = format!("c{i}");
+        messages.push(json!({"role": "user", "content": format!("q{i}")}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "r"}));
+        messages.push(json!({"role": "assistant", "content": "ok"}));
+    }
+    messages.push(json!({"role": "user", "content": "now"}));
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/chat/completions"))
+        .json(&json!({"model": "gpt-4o", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    let out = v["messages"].as_array().unwrap();
+    assert_valid(out);
+    assert_eq!(out.iter().filter(|m| m["role"] == "tool").count(), 3);
+    let report = &v["report"];
+    assert!(report["tokens_in"].as_u64().unwrap() > report["tokens_out"].as_u64().unwrap());
+    let removed = report["removed"].as_array().unwrap();
+    assert_eq!(removed.len(), 4, "two calls and their results: {report}");
+    assert!(removed.iter().all(|r| r["reason"] == "tool_call_window"));
+    assert_eq!(removed[0]["index"], 2);
+    assert!(mock.requests().is_empty(), "no upstream call");
+    let (_, list) = proxy.admin_get("/ctxproxy/v1/sessions").await;
+    assert!(
+        list["data"].as_array().unwrap().is_empty(),
+        "nothing stored: {list}"
+    );
+}
+
+#[tokio::test]
+async fn preview_with_a_session_uses_its_stored_history() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\nsession:\n  history: server\n";
+    let opts = ProxyOptions::default().only_tenant("default", tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let http = client();
+    for q in ["first", "second"] {
+        let resp = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "s1")
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": q}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let v: Value = http
+        .post(proxy.url("/ctxproxy/v1/preview/chat/completions"))
+        .header("x-session-id", "s1")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "third"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let contents: Vec<&str> = v["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        contents,
+        [
+            "first",
+            "ok: 1 messages",
+            "second",
+            "ok: 3 messages",
+            "third"
+        ]
+    );
+    assert_eq!(mock.requests().len(), 2, "the preview called no upstream");
+    assert_eq!(
+        proxy.stored_messages("default", "s1").await.len(),
+        4,
+        "and stored nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
+    let opts = ProxyOptions {
+        server_extra: "models:\n  \"tiny-*\": { context_window: 50, encoding: o200k_base }\n"
+            .into(),
+        ..Default::default()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "tiny-1", "messages": [{"role": "user", "content": "word ".repeat(200)}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["code"], "context_length_exceeded");
+    assert!(mock.requests().is_empty());
+}
+
+#[tokio::test]
+async fn token_headers_report_before_and_after_rewriting() {
+    let opts = ProxyOptions::default().only_tenant("default", AGENT_TENANT);
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..6 {
+        let id = format!("c{i}");
+        messages.push(json!({"role": "user", "content": format!("q{i}")}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "f", "arguments": "{}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "some longer tool output ".repeat(20)}));
+    }
+    messages.push(json!({"role": "user", "content": "now"}));
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "gpt-4o", "messages": messages}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let tin: u64 = resp.headers()["x-ctxproxy-tokens-in"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let tout: u64 = resp.headers()["x-ctxproxy-tokens-out"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tin > tout, "{tin} > {tout}");
+    let session = resp.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let records = proxy.request_records("default", &session).await;
+    assert_eq!(records[0]["tokens_in"], tin);
+    assert_eq!(records[0]["report"]["tokens_out"], tout);
+    assert!(
+        !records[0]["report"]["compressed"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
