@@ -291,6 +291,7 @@ async fn prepare(
         mode,
         resolved.anchor.map(session::history::Base::At),
         incoming,
+        (!auto_ids.is_empty()).then_some(auto_ids),
         true,
     )
     .await?;

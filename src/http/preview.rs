@@ -88,6 +88,7 @@ async fn preview(
             mode,
             previous.map(|p| Base::At(p.message)),
             incoming,
+            None,
             false,
         )
         .await?;

@@ -33,7 +33,8 @@ pub enum Base {
 }
 
 /// Builds the conversation for `incoming` and, with `write`, stores what is new (previews
-/// assemble the same conversation without writing).
+/// assemble the same conversation without writing). `incoming_ids`, when given, are the chained
+/// ids of `incoming` from the root.
 pub async fn assemble(
     store: &dyn Store,
     tenant: &str,
@@ -41,6 +42,7 @@ pub async fn assemble(
     mode: HistoryMode,
     base: Option<Base>,
     incoming: Vec<Value>,
+    incoming_ids: Option<Vec<MessageId>>,
     write: bool,
 ) -> Result<Assembled> {
     let base = match (mode, base) {
@@ -54,7 +56,10 @@ pub async fn assemble(
         Some(Base::At(id)) => store.load_path(tenant, session, id).await?,
     };
     if stored.is_empty() {
-        let ids = chain_ids(&incoming);
+        // The caller may have chained the ids already (for auto matching): hash once.
+        let ids = incoming_ids
+            .filter(|ids| ids.len() == incoming.len())
+            .unwrap_or_else(|| chain_ids(&incoming));
         let new = chain_messages(&incoming, &ids);
         let stored_new = if write {
             let appended = store.append_messages(tenant, session, None, &new).await?;
