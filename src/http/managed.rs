@@ -290,8 +290,10 @@ async fn prepare(
         &resolved.id,
         mode,
         resolved.anchor.map(session::history::Base::At),
-        incoming,
-        (!auto_ids.is_empty()).then_some(auto_ids),
+        session::history::Incoming {
+            messages: incoming,
+            ids: (!auto_ids.is_empty()).then_some(auto_ids),
+        },
         true,
     )
     .await?;

@@ -87,8 +87,10 @@ async fn preview(
             session_id.as_deref().unwrap_or_default(),
             mode,
             previous.map(|p| Base::At(p.message)),
-            incoming,
-            None,
+            session::history::Incoming {
+                messages: incoming,
+                ids: None,
+            },
             false,
         )
         .await?;

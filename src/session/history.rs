@@ -24,6 +24,12 @@ pub struct Assembled {
     pub stored_new: usize,
 }
 
+/// A request's own messages, and their chained ids from the root when already computed.
+pub struct Incoming {
+    pub messages: Vec<Value>,
+    pub ids: Option<Vec<MessageId>>,
+}
+
 /// Where the stored history for a server-mode request comes from.
 pub enum Base {
     /// The head branch of the session.
@@ -33,18 +39,20 @@ pub enum Base {
 }
 
 /// Builds the conversation for `incoming` and, with `write`, stores what is new (previews
-/// assemble the same conversation without writing). `incoming_ids`, when given, are the chained
-/// ids of `incoming` from the root.
+/// assemble the same conversation without writing).
 pub async fn assemble(
     store: &dyn Store,
     tenant: &str,
     session: &str,
     mode: HistoryMode,
     base: Option<Base>,
-    incoming: Vec<Value>,
-    incoming_ids: Option<Vec<MessageId>>,
+    incoming: Incoming,
     write: bool,
 ) -> Result<Assembled> {
+    let Incoming {
+        messages: incoming,
+        ids: incoming_ids,
+    } = incoming;
     let base = match (mode, base) {
         (_, Some(b)) => Some(b),
         (HistoryMode::Server, None) => Some(Base::Head),
