@@ -19,9 +19,17 @@ where
     F: Fn() + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let server_name = server_file.file_name().map(|n| n.to_os_string());
+    let tenants = tenants_dir.to_path_buf();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Only the server file and tenant files count: other files in those folders (an
+        // SQLite database and its -wal next to the server file) change on every request.
         if let Ok(e) = event
             && !e.kind.is_access()
+            && (e.paths.is_empty()
+                || e.paths
+                    .iter()
+                    .any(|p| is_config_file(p, server_name.as_deref(), &tenants)))
         {
             let _ = tx.send(());
         }
@@ -40,6 +48,17 @@ where
         }
     });
     Ok(WatchGuard { _watcher: watcher })
+}
+
+/// The server file itself, or a YAML file directly in the tenants folder.
+fn is_config_file(path: &Path, server_name: Option<&std::ffi::OsStr>, tenants: &Path) -> bool {
+    if path.file_name().is_some() && path.file_name() == server_name {
+        return true;
+    }
+    let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+    yaml && path
+        .parent()
+        .is_some_and(|d| d.file_name() == tenants.file_name())
 }
 
 fn parent_dir(file: &Path) -> PathBuf {
