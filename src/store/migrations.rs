@@ -20,18 +20,32 @@ impl Migration {
 }
 
 /// `migrations/sqlite/`, in order.
-pub(crate) const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    description: "conversation store",
-    sql: include_str!("../../migrations/sqlite/0001_conversation_store.sql"),
-}];
+pub(crate) const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "conversation store",
+        sql: include_str!("../../migrations/sqlite/0001_conversation_store.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "prefix index on replied rows only",
+        sql: include_str!("../../migrations/sqlite/0002_prefix_index_replies_only.sql"),
+    },
+];
 
 /// `migrations/postgres/`, in order.
-pub(crate) const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    description: "conversation store",
-    sql: include_str!("../../migrations/postgres/0001_conversation_store.sql"),
-}];
+pub(crate) const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "conversation store",
+        sql: include_str!("../../migrations/postgres/0001_conversation_store.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "prefix index on replied rows only",
+        sql: include_str!("../../migrations/postgres/0002_prefix_index_replies_only.sql"),
+    },
+];
 
 /// Version 0 is not a migration but the row runners lock to exclude each other.
 pub(crate) const LOCK_ROW: i64 = 0;

@@ -250,8 +250,10 @@ pub(super) async fn find_by_prefix(
         for id in chunk {
             list.push_bind(id.0.to_vec());
         }
+        // `+m.session_id`: without it SQLite walks a whole tenant's messages in an index that
+        // is ordered by session (to group without sorting) instead of looking the ids up.
         qb.push(
-            ") GROUP BY m.session_id, s.updated_at \
+            ") GROUP BY +m.session_id, s.updated_at \
              ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1",
         );
         if let Some(row) = qb.build().fetch_optional(pool).await? {
