@@ -9,7 +9,8 @@
 # HIST_RATE (200, requests/s for the 200-message history cases), DUR (20, seconds per case),
 # REPS (2, direct/proxy pairs per case, interleaved), SOAK_RATE (2000) and SOAK_DUR (60) for the
 # error soak, STEPS ("1000 2000 3000 4000 5000", rates tried for the highest rate held),
-# STREAMS (1000, concurrent open streams for the RSS figure), QUICK=1 (short runs, one rep),
+# STREAMS (1000, concurrent open streams for the RSS figure); STEPS="", SOAK_DUR=0 or STREAMS=0
+# skip those parts. QUICK=1 (short runs, one rep),
 # PG_ADMIN (postgres://postgres@127.0.0.1/postgres), BIN (target/release: where ctxproxy and
 # mock-upstream are; NO_BUILD=1 skips `cargo build`), OUT (target/load/<date>), LOG (info, the default filter).
 #
@@ -26,7 +27,7 @@ DUR=${DUR:-20}
 REPS=${REPS:-2}
 SOAK_RATE=${SOAK_RATE:-2000}
 SOAK_DUR=${SOAK_DUR:-60}
-STEPS=${STEPS:-"1000 2000 3000 4000 5000"}
+STEPS=${STEPS-"1000 2000 3000 4000 5000"}
 STREAMS=${STREAMS:-1000}
 PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1/postgres}
 PG_DB=ctxproxy_bench
@@ -118,6 +119,8 @@ record() { # STORE CASE TARGET JSON
 }
 
 # oha at a fixed rate, latency corrected for coordinated omission; prints a loadgen-shaped line.
+# Requests still in flight when the time is up are not errors (oha calls them "aborted due to
+# deadline"); they are counted in in_flight_at_end.
 oha_run() { # URL RATE SECONDS BODYFILE
   local conc=$(( $2 / 10 > 64 ? $2 / 10 : 64 ))
   oha --no-tui --output-format json -q "$2" -z "${3}s" -c "$conc" --latency-correction \
@@ -125,17 +128,18 @@ oha_run() { # URL RATE SECONDS BODYFILE
     -D "$4" "$1/chat/completions" 2>/dev/null |
     python3 -c 'import json,sys
 d=json.load(sys.stdin); s=d["summary"]; p=d["latencyPercentiles"]; codes=d.get("statusCodeDistribution",{})
-ok=sum(v for k,v in codes.items() if k.startswith("2")); err=sum(v for k,v in codes.items() if not k.startswith("2"))+sum(d.get("errorDistribution",{}).values())
+ed=d.get("errorDistribution",{}); cut=ed.pop("aborted due to deadline",0)
+ok=sum(v for k,v in codes.items() if k.startswith("2")); err=sum(v for k,v in codes.items() if not k.startswith("2"))+sum(ed.values())
 ms=lambda x: None if x is None else x*1000
 print(json.dumps({"rate": float(sys.argv[1]), "sent": ok+err, "ok": ok, "errors": err,
-  "error_pct": 100.0*err/max(ok+err,1), "achieved_rps": s.get("requestsPerSec"),
+  "error_pct": 100.0*err/max(ok+err,1), "in_flight_at_end": cut, "achieved_rps": s.get("requestsPerSec"),
   "ttlb_ms": {"p50": ms(p.get("p50")), "p90": ms(p.get("p90")), "p99": ms(p.get("p99")), "max": ms(s.get("slowest"))}}))' "$2"
 }
 
 SMALL=$OUT/small.json
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$SMALL"
 
-pair() { # STORE CASE  -- command template: $TARGET is replaced; runs direct then proxy, REPS times
+pair() { # STORE CASE COMMAND...: @URL@ in COMMAND becomes the base URL; direct then proxy, REPS times
   local store=$1 case=$2; shift 2
   local r t out
   for r in $(seq 1 "$REPS"); do
@@ -143,6 +147,8 @@ pair() { # STORE CASE  -- command template: $TARGET is replaced; runs direct the
       local base=$DIRECT; [[ $t == proxy ]] && base=$PROXIED
       out=$("${@//@URL@/$base}")
       record "$store" "$case" "$t" "$out"
+      # Let a proxy that fell behind finish its backlog before the next measurement.
+      sleep 5
       log "$store $case $t: $(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print("errors", d["errors"], "ttfb", d.get("ttfb_ms"), "ttlb", d["ttlb_ms"])' "$out")"
     done
   done
@@ -170,13 +176,16 @@ for store in $STORES; do
     record "$store" "step_$rate" proxy "$out"
     log "$store step $rate: $out"
   done
-  out=$(oha_run "$PROXIED" "$SOAK_RATE" "$SOAK_DUR" "$SMALL")
-  record "$store" soak proxy "$out"
-  log "$store soak $SOAK_RATE/s for ${SOAK_DUR}s: $out"
+  if (( SOAK_DUR > 0 )); then
+    out=$(oha_run "$PROXIED" "$SOAK_RATE" "$SOAK_DUR" "$SMALL")
+    record "$store" soak proxy "$out"
+    log "$store soak $SOAK_RATE/s for ${SOAK_DUR}s: $out"
+  fi
   record "$store" rss_peak_load proxy "{\"rss_kb\": $(rss_kb "$PROXY_PID" VmHWM)}"
   stop_proxy
 
   # Peak RSS with $STREAMS concurrent open streams, on a fresh process.
+  (( STREAMS > 0 )) || continue
   start_proxy "$store"
   out=$("$LOADGEN" hold "$PROXIED" "$STREAMS" 3000)
   record "$store" streams_open proxy "$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["rss_kb"]=int(sys.argv[2]); print(json.dumps(d))' "$out" "$(rss_kb "$PROXY_PID" VmHWM)")"

@@ -1,8 +1,9 @@
 //! Open-loop load generator for `benches/load.sh` (run by hand, never by CI or `cargo test`).
 //!
 //! `cargo bench --bench loadgen -- run URL [options]` sends chat completions at a fixed rate and
-//! prints one JSON line with the latency distribution. Latency is measured from the *scheduled*
-//! send time (corrected for coordinated omission), so a server that falls behind shows it.
+//! prints one JSON line with the latency distribution. Open loop: every request is spawned at
+//! its scheduled time whatever the server does, so a server that falls behind piles up
+//! requests in flight and its latency shows it.
 //! For every request it records the time to the first body byte (TTFB) and to the last (TTLB).
 //!
 //! Options:
@@ -231,6 +232,10 @@ async fn one(
     session: Option<String>,
     scheduled: Instant,
 ) -> (Sample, Option<Value>) {
+    // Sends leave on schedule whatever the server does (each request is its own task), so the
+    // clock starts at the send; tokio's 1 ms timer would otherwise add up to 1 ms to every
+    // figure. A generator that falls behind shows as `elapsed_s` above `duration_s`.
+    let scheduled = scheduled.max(Instant::now());
     let mut req = client
         .post(url)
         .header("content-type", "application/json")
