@@ -9,20 +9,6 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-/// The venv's python, or `None` (skip) outside CI.
-fn python() -> Option<String> {
-    match std::env::var("CTXPROXY_TEST_PYTHON") {
-        Ok(p) if !p.is_empty() => Some(p),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI=true but CTXPROXY_TEST_PYTHON is unset: .ci/run creates the venv")
-        }
-        _ => {
-            eprintln!("skipping: CTXPROXY_TEST_PYTHON unset (run .ci/run to create the venv)");
-            None
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdk_chains_responses_through_the_proxy() {
     let Some(python) = python() else { return };

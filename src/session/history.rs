@@ -20,8 +20,6 @@ pub struct Assembled {
     pub ids: Vec<MessageId>,
     /// Where the reply attaches in the tree: the request's last message.
     pub reply_parent: Option<MessageId>,
-    /// How many messages this request stored that were not there before.
-    pub stored_new: usize,
 }
 
 /// A request's own messages, and their chained ids from the root when already computed.
@@ -69,15 +67,11 @@ pub async fn assemble(
             .filter(|ids| ids.len() == incoming.len())
             .unwrap_or_else(|| chain_ids(&incoming));
         let new = chain_messages(&incoming, &ids);
-        let stored_new = if write {
-            let appended = store.append_messages(tenant, session, None, &new).await?;
-            appended.iter().filter(|a| a.new).count()
-        } else {
-            0
-        };
+        if write {
+            store.append_messages(tenant, session, None, &new).await?;
+        }
         return Ok(Assembled {
             reply_parent: ids.last().copied(),
-            stored_new,
             messages: incoming,
             ids,
         });
@@ -96,14 +90,11 @@ pub async fn assemble(
         }
         ids
     };
-    let stored_new = if write {
-        let appended = store
+    if write {
+        store
             .append_messages(tenant, session, parent, &chain_messages(new, &new_ids))
             .await?;
-        appended.iter().filter(|a| a.new).count()
-    } else {
-        0
-    };
+    }
 
     let mut messages = Vec::with_capacity(stored.len() + incoming.len());
     let mut ids = Vec::with_capacity(stored.len() + incoming.len());
@@ -127,7 +118,6 @@ pub async fn assemble(
     ids.extend(new_ids.iter().copied());
     Ok(Assembled {
         reply_parent: new_ids.last().copied().or(parent),
-        stored_new,
         messages,
         ids,
     })

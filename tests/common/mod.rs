@@ -301,3 +301,18 @@ impl BinaryProxy {
         let _ = self.child.kill().await;
     }
 }
+
+/// The venv's python for the SDK tests (`CTXPROXY_TEST_PYTHON`, made by `.ci/run`), or `None`
+/// (skip) outside CI; under CI=true its absence is a failure.
+pub fn python() -> Option<String> {
+    match std::env::var("CTXPROXY_TEST_PYTHON") {
+        Ok(p) if !p.is_empty() => Some(p),
+        _ if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("CI=true but CTXPROXY_TEST_PYTHON is unset: .ci/run creates the venv")
+        }
+        _ => {
+            eprintln!("skipping: CTXPROXY_TEST_PYTHON unset (run .ci/run to create the venv)");
+            None
+        }
+    }
+}
