@@ -30,6 +30,14 @@ pub struct AppState {
     pub tokens: crate::tokens::TokenCounter,
     /// Summary jobs running in this process, and the backoff of sessions whose last one failed.
     pub summaries: Arc<crate::summarize::Jobs>,
+    /// Replies written after their answer went out, which session resolution waits for.
+    pub pending: Arc<crate::session::PendingReplies>,
+    /// Work that outlives its request (reply writes); shutdown waits for it.
+    pub background: tokio_util::task::TaskTracker,
+    /// Whether a non-streamed reply is written after its answer went out. Only on SQLite: the
+    /// waits that make this safe (`pending`) are in-process, and several processes sharing a
+    /// PostgreSQL database could otherwise miss a reply another one is still writing.
+    pub write_replies_after_answer: bool,
 }
 
 impl AppState {
@@ -50,9 +58,12 @@ impl AppState {
             config: ArcSwap::from_pointee(config),
             upstream,
             tool_access: Default::default(),
-            store,
             tokens: crate::tokens::TokenCounter::new(),
             summaries: Default::default(),
+            pending: Default::default(),
+            background: Default::default(),
+            write_replies_after_answer: store.backend() == "sqlite",
+            store,
         })
     }
 }
@@ -210,8 +221,14 @@ impl Server {
             "shutting down; letting in-flight requests finish"
         );
         let _ = stop_tx.send(true);
-        match tokio::time::timeout(self.grace, handle).await {
-            Ok(_) => tracing::info!("all requests finished"),
+        let background = self.state.background.clone();
+        background.close();
+        let finished = async move {
+            let _ = handle.await;
+            background.wait().await;
+        };
+        match tokio::time::timeout(self.grace, finished).await {
+            Ok(()) => tracing::info!("all requests finished"),
             Err(_) => tracing::warn!("grace period over; dropping requests still in flight"),
         }
         Ok(())

@@ -40,8 +40,8 @@ fn output(resp: &Value) -> Vec<Value> {
 /// The stored head branch of a session of tenant `default`, as wire items.
 async fn stored(proxy: &Proxy, session: &str) -> Vec<Value> {
     let branch = proxy
-        .state
-        .store
+        .store()
+        .await
         .head_branch("default", session)
         .await
         .unwrap();

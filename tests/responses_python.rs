@@ -44,8 +44,8 @@ async fn official_sdk_chains_responses_through_the_proxy() {
     for c in conversations {
         let session = c["session"].as_str().unwrap();
         let stored = proxy
-            .state
-            .store
+            .store()
+            .await
             .head_branch("default", session)
             .await
             .unwrap();
@@ -70,8 +70,8 @@ async fn official_sdk_chains_responses_through_the_proxy() {
         assert_eq!(stored[4].body["content"], "thanks");
         let reply = c["reply"].as_str().unwrap();
         let found = proxy
-            .state
-            .store
+            .store()
+            .await
             .find_response("default", reply)
             .await
             .unwrap()

@@ -49,6 +49,8 @@ pub async fn list_sessions(
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    // The admin API shows what the answers already sent imply (see `session::pending`).
+    state.pending.settle_all().await;
     let page = state
         .store
         .list_sessions(&SessionQuery {
@@ -67,6 +69,7 @@ pub async fn get_session(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    state.pending.settle_session(&tenant, &session).await;
     let detail = state
         .store
         .session_detail(&tenant, &session)
@@ -93,6 +96,7 @@ pub async fn messages(
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    state.pending.settle_session(&tenant, &session).await;
     if state.store.get_session(&tenant, &session).await?.is_none() {
         return Err(not_found(&tenant, &session));
     }
@@ -129,6 +133,7 @@ pub async fn requests(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    state.pending.settle_session(&tenant, &session).await;
     if state.store.get_session(&tenant, &session).await?.is_none() {
         return Err(not_found(&tenant, &session));
     }
@@ -145,6 +150,7 @@ pub async fn delete_session(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Response> {
     authorize(&state, &headers)?;
+    state.pending.settle_session(&tenant, &session).await;
     if state.store.delete_session(&tenant, &session).await? {
         Ok((
             StatusCode::OK,

@@ -9,6 +9,14 @@ use super::managed::Endpoint;
 use crate::conversation::{ChatRequest, Message, ResponsesRequest};
 use crate::error::{Error, Result};
 
+/// A request's conversation, taken out of it.
+pub struct Taken {
+    /// As wire JSON: what is hashed and stored.
+    pub wire: Vec<Value>,
+    /// Chat only: the same messages, typed.
+    pub typed: Option<Vec<Message>>,
+}
+
 /// A parsed managed request.
 pub enum Call {
     Chat(ChatRequest),
@@ -99,25 +107,36 @@ impl Call {
     }
 
     /// The conversation as wire JSON, taken out of the request (chat messages, or Responses
-    /// input items; a string input is one user message).
-    pub fn take_conversation(&mut self) -> Result<Vec<Value>> {
+    /// input items; a string input is one user message), with the typed chat messages it was
+    /// encoded from, so the pipeline need not parse them again.
+    pub fn take_conversation(&mut self) -> Result<Taken> {
         match self {
-            Call::Chat(r) => std::mem::take(&mut r.messages)
-                .into_iter()
-                .map(|m| {
-                    serde_json::to_value(m)
-                        .map_err(|e| Error::Internal(format!("cannot encode a message: {e}")))
+            Call::Chat(r) => {
+                let typed = std::mem::take(&mut r.messages);
+                let wire = typed
+                    .iter()
+                    .map(|m| {
+                        serde_json::to_value(m)
+                            .map_err(|e| Error::Internal(format!("cannot encode a message: {e}")))
+                    })
+                    .collect::<Result<_>>()?;
+                Ok(Taken {
+                    wire,
+                    typed: Some(typed),
                 })
-                .collect(),
-            Call::Responses(r) => Ok(match std::mem::take(&mut r.input) {
-                Value::String(s) => {
-                    let mut m = Map::new();
-                    m.insert("role".into(), Value::String("user".into()));
-                    m.insert("content".into(), Value::String(s));
-                    vec![Value::Object(m)]
-                }
-                Value::Array(items) => items,
-                _ => Vec::new(),
+            }
+            Call::Responses(r) => Ok(Taken {
+                wire: match std::mem::take(&mut r.input) {
+                    Value::String(s) => {
+                        let mut m = Map::new();
+                        m.insert("role".into(), Value::String("user".into()));
+                        m.insert("content".into(), Value::String(s));
+                        vec![Value::Object(m)]
+                    }
+                    Value::Array(items) => items,
+                    _ => Vec::new(),
+                },
+                typed: None,
             }),
         }
     }

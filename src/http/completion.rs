@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::managed::Endpoint;
 use crate::access::Allowed;
@@ -41,9 +42,63 @@ pub struct Completion {
 impl Completion {
     /// Stores the reply (if any) and the request record, then releases the session.
     pub async fn finish(
+        self,
+        status: StatusCode,
+        reply: Option<&Reply>,
+        upstream: Option<Duration>,
+    ) {
+        let new = self.reply_messages(status, reply);
+        self.store(status, reply, new, upstream).await;
+    }
+
+    /// Like [`Completion::finish`], but on a task of its own so that the answer can go out
+    /// before the write: the session lease is held until the write is done (so the next request
+    /// on the session waits for it) and the reply is registered as pending (so auto matching
+    /// and `previous_response_id` lookups in this process wait for it too). The task is
+    /// tracked: shutdown lets it finish within the grace period.
+    pub fn finish_in_background(
+        self,
+        status: StatusCode,
+        reply: Option<Reply>,
+        upstream: Option<Duration>,
+    ) {
+        let new = self.reply_messages(status, reply.as_ref());
+        let response_id = reply
+            .as_ref()
+            .filter(|_| self.endpoint == Endpoint::Responses && !new.is_empty())
+            .and_then(|r| r.id.clone());
+        let pending = self.state.pending.begin(
+            &self.tenant,
+            &self.session,
+            new.iter().map(|m| m.id).collect(),
+            response_id,
+        );
+        let tracker = self.state.background.clone();
+        tracker.spawn(
+            async move {
+                self.store(status, reply.as_ref(), new, upstream).await;
+                drop(pending);
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// The reply's messages chained under the request's last message, when there is a reply
+    /// to store.
+    fn reply_messages(&self, status: StatusCode, reply: Option<&Reply>) -> Vec<NewMessage> {
+        match reply.filter(|r| status.is_success() && !r.messages.is_empty()) {
+            Some(reply) => {
+                NewMessage::chain(self.reply_parent.as_ref(), &reply.messages, Origin::Reply)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    async fn store(
         mut self,
         status: StatusCode,
         reply: Option<&Reply>,
+        new: Vec<NewMessage>,
         upstream: Option<Duration>,
     ) {
         let store = self.state.store.clone();
@@ -51,8 +106,7 @@ impl Completion {
         if let (Some(reply), Some(allowed)) = (reply, &self.allowed) {
             flag_forbidden_calls(reply, allowed);
         }
-        if let Some(reply) = reply.filter(|r| status.is_success() && !r.messages.is_empty()) {
-            let new = NewMessage::chain(self.reply_parent.as_ref(), &reply.messages, Origin::Reply);
+        if let (Some(reply), false) = (reply, new.is_empty()) {
             let t = Instant::now();
             match store
                 .append_messages(&self.tenant, &self.session, self.reply_parent, &new)

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use sha2::{Digest, Sha256};
 
 use super::body::read_limited;
-use super::call::Call;
+use super::call::{Call, Taken};
 use super::completion::Completion;
 use super::{request_id, rewrite, tenant};
 use crate::app::AppState;
@@ -242,12 +242,18 @@ async fn prepare(
         key_hash: bearer(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes()))),
         user: call.user().map(str::to_string),
     };
-    let incoming = call.take_conversation()?;
+    let Taken {
+        wire: incoming,
+        typed,
+    } = call.take_conversation()?;
     let previous = match call.previous_response_id() {
-        Some(id) => store
-            .find_response(&tenant.name, id)
-            .await?
-            .map(|r| (r.session, r.message)),
+        Some(id) => {
+            state.pending.settle(&[], Some(id)).await;
+            store
+                .find_response(&tenant.name, id)
+                .await?
+                .map(|r| (r.session, r.message))
+        }
         None => None,
     };
     let auto_ids = if mode == HistoryMode::Client && previous.is_none() && tenant.file.session.auto
@@ -256,6 +262,8 @@ async fn prepare(
     } else {
         Vec::new()
     };
+    // Auto matching must see the replies this process already answered with.
+    state.pending.settle(&auto_ids, None).await;
     let resolved = session::resolve(
         store,
         tenant,
@@ -309,6 +317,7 @@ async fn prepare(
         rewrite::Conversation {
             session: &resolved.id,
             messages: assembled.messages,
+            typed: typed.filter(|_| assembled.only_incoming),
             ids: &assembled.ids,
         },
         rewrite::Purpose::Live,
@@ -450,13 +459,14 @@ async fn send(
         .is_success()
         .then(|| Reply::from_body(log.endpoint.kind(), &bytes))
         .flatten();
-    completion
-        .finish(
-            status,
-            reply.as_ref(),
-            Some(upstream_done - upstream_started),
-        )
-        .await;
+    let upstream_took = Some(upstream_done - upstream_started);
+    if state.write_replies_after_answer {
+        completion.finish_in_background(status, reply, upstream_took);
+    } else {
+        completion
+            .finish(status, reply.as_ref(), upstream_took)
+            .await;
+    }
     let mut response = Response::new(Body::from(bytes));
     *response.status_mut() = status;
     *response.headers_mut() = resp_headers;

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::body::read_limited;
-use super::call::Call;
+use super::call::{Call, Taken};
 use super::managed::{Endpoint, history_mode};
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
@@ -51,7 +51,10 @@ async fn preview(
     let mut call = Call::parse(endpoint, &bytes)?;
     let allowed = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
     let mode = history_mode(&headers, &tenant)?;
-    let incoming = call.take_conversation()?;
+    let Taken {
+        wire: incoming,
+        typed,
+    } = call.take_conversation()?;
 
     // Only a session the client names is read; a preview never creates or guesses one.
     let named = match headers.get(tenant.file.session.header.as_str()) {
@@ -65,7 +68,10 @@ async fn preview(
     }
     .map(str::to_string);
     let previous = match call.previous_response_id() {
-        Some(id) => state.store.find_response(&tenant.name, id).await?,
+        Some(id) => {
+            state.pending.settle(&[], Some(id)).await;
+            state.store.find_response(&tenant.name, id).await?
+        }
         None => None,
     };
     let session_id = match (&named, &previous) {
@@ -73,11 +79,14 @@ async fn preview(
         (None, Some(p)) => Some(p.session.clone()),
         (None, None) => None,
     };
+    if let Some(id) = &session_id {
+        state.pending.settle_session(&tenant.name, id).await;
+    }
     let known = match &session_id {
         Some(id) => state.store.get_session(&tenant.name, id).await?.is_some(),
         None => false,
     };
-    let (messages, ids) = if known {
+    let (messages, ids, typed) = if known {
         if previous.is_some() {
             call.clear_previous_response_id();
         }
@@ -94,10 +103,11 @@ async fn preview(
             false,
         )
         .await?;
-        (assembled.messages, assembled.ids)
+        let typed = typed.filter(|_| assembled.only_incoming);
+        (assembled.messages, assembled.ids, typed)
     } else {
         let ids = chain_ids(&incoming);
-        (incoming, ids)
+        (incoming, ids, typed)
     };
     let outcome = rewrite::rewrite(
         &state,
@@ -109,6 +119,7 @@ async fn preview(
         Conversation {
             session: session_id.as_deref().unwrap_or_default(),
             messages,
+            typed,
             ids: &ids,
         },
         Purpose::Preview,

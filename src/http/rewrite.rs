@@ -31,6 +31,9 @@ pub struct Conversation<'a> {
     pub session: &'a str,
     /// System + history + new messages, as wire JSON (chat messages or Responses items).
     pub messages: Vec<Value>,
+    /// Chat: the same messages already typed, when the request had them (no stored history
+    /// added); saves parsing the wire JSON back.
+    pub typed: Option<Vec<Message>>,
     /// Ids parallel to `messages` (stored ids where stored), for the token count cache.
     pub ids: &'a [MessageId],
 }
@@ -85,11 +88,15 @@ pub async fn rewrite(
     let Conversation {
         session,
         messages: wire,
+        typed,
         ids,
     } = conversation;
     match call {
         Call::Chat(_) => {
-            let messages = chat_messages(&wire)?;
+            let messages = match typed {
+                Some(typed) => typed,
+                None => chat_messages(&wire)?,
+            };
             check_current_turn(&messages, allowed)?;
             let mut summary = match purpose {
                 Purpose::Live => {

@@ -20,6 +20,8 @@ pub struct Assembled {
     pub ids: Vec<MessageId>,
     /// Where the reply attaches in the tree: the request's last message.
     pub reply_parent: Option<MessageId>,
+    /// `messages` are exactly the request's own, in order (no stored history was added).
+    pub only_incoming: bool,
 }
 
 /// A request's own messages, and their chained ids from the root when already computed.
@@ -74,6 +76,7 @@ pub async fn assemble(
             reply_parent: ids.last().copied(),
             messages: incoming,
             ids,
+            only_incoming: true,
         });
     }
 
@@ -120,6 +123,7 @@ pub async fn assemble(
         reply_parent: new_ids.last().copied().or(parent),
         messages,
         ids,
+        only_incoming: false,
     })
 }
 

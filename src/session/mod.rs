@@ -1,11 +1,14 @@
 //! Sessions: which stored conversation a request continues (`resolve`), the lease that
-//! serialises requests on one session across processes (`lock`), and the conversation to send
+//! serialises requests on one session across processes (`lock`), replies still being written
+//! after their answer went out (`pending`), and the conversation to send
 //! under each history mode (`history`).
 
 pub mod history;
 pub mod lock;
+pub mod pending;
 pub mod resolve;
 
 pub use history::{Assembled, assemble};
 pub use lock::SessionLock;
+pub use pending::{PendingReplies, PendingWrite};
 pub use resolve::{Resolved, resolve};

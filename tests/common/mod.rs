@@ -92,6 +92,13 @@ pub fn write_config(dir: &Path, opts: &ProxyOptions, upstream: &str) -> PathBuf 
 }
 
 impl Proxy {
+    /// The proxy's store, once every reply it already answered with is written (non-streamed
+    /// replies are written after their answer goes out; the admin API waits the same way).
+    pub async fn store(&self) -> Arc<dyn ctxproxy::store::Store> {
+        self.state.pending.settle_all().await;
+        self.state.store.clone()
+    }
+
     /// Starts a proxy with `opts` in front of `upstream` (a base URL such as the mock's).
     pub async fn start(opts: ProxyOptions, upstream: &str) -> Proxy {
         ctxproxy::install_crypto_provider();
