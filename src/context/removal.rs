@@ -54,6 +54,15 @@ pub(crate) fn remove_calls(
             continue;
         }
         let item = &mut work.items[pos];
+        // A message that loses every call and has nothing else to say is dropped: decide that
+        // before copying it, since on a long conversation most removed calls are of this kind.
+        if !placeholder
+            && doomed_here.len() == item.msg.tool_calls().len()
+            && !has_payload(&item.msg)
+        {
+            drop_pos.insert(pos);
+            continue;
+        }
         let msg = item.msg.to_mut();
         let names = take_calls(msg, &doomed_here);
         if placeholder {
