@@ -10,9 +10,10 @@
 //! lock, so the per-message cost of a warm turn is a hash probe; writes (new counts, promotions)
 //! take the write lock once per request. Locks are never held while tokenising.
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use foldhash::HashMap;
 
 use crate::conversation::MessageId;
 
@@ -30,8 +31,8 @@ struct Key {
 impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         // The id is a sha256: eight of its bytes are as good as all 32 for spreading keys, and
-        // hashing a quarter of the bytes makes the per-message probe of a warm turn cheaper.
-        // Equality still compares the whole key.
+        // hashing a quarter of the bytes (with foldhash, seeded per process) makes the
+        // per-message probe of a warm turn cheap. Equality still compares the whole key.
         let mut prefix = [0u8; 8];
         prefix.copy_from_slice(&self.id.0[..8]);
         state.write_u64(u64::from_le_bytes(prefix) ^ self.variant);
@@ -58,8 +59,8 @@ impl<V: Clone> Memo<V> {
     pub fn new(capacity: usize) -> Self {
         Memo {
             maps: RwLock::new(Generations {
-                young: HashMap::new(),
-                old: HashMap::new(),
+                young: HashMap::default(),
+                old: HashMap::default(),
             }),
             capacity: capacity.max(1),
         }
