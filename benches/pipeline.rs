@@ -4,10 +4,16 @@
 //! - `cold`: an empty count cache, every message tokenised.
 //! - `warm`: every message already counted (the same request again).
 //! - `turn_N`: turn N+1 of a conversation whose first N messages were counted on earlier turns;
-//!   only the new message is tokenised. Compares N = 50 and N = 500.
+//!   only the new message is tokenised. Compares N = 50 and N = 500, twice: `next_turn_warm`
+//!   with [`plan`] and [`Plan::take_from`] (the kept messages are moved out of the caller's
+//!   conversation, so nothing per message of history is allocated), and `next_turn_run` with
+//!   [`run`] (the kept messages are cloned).
+//!
+//! The conversation each routine is given is built, and dropped, outside the timed part
+//! (`iter_batched_ref`): dropping the caller's conversation is not the pipeline's cost.
 
 use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main};
-use ctxproxy::context::{PipelineInput, Policy, run};
+use ctxproxy::context::{PipelineInput, Plan, Policy, plan, run};
 use ctxproxy::conversation::{Message, MessageId, chain_ids, message_id};
 use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
 use serde_json::{Value, json};
@@ -84,39 +90,47 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
-    let mut g = c.benchmark_group("next_turn_warm");
-    for n in [50usize, 500] {
-        let prefix: &'static [Message] = Box::leak(messages[..n - 1].to_vec().into_boxed_slice());
-        let prefix_ids = ids[..n - 1].to_vec();
-        let counter = TokenCounter::new();
-        run(
-            input(prefix, Box::leak(prefix_ids.clone().into_boxed_slice())),
-            &counter,
-        )
-        .unwrap();
-        let mut k = 0u64;
-        g.bench_function(format!("turn_{n}"), |b| {
-            b.iter_batched(
-                || {
-                    // a new question nobody has counted yet
-                    k += 1;
-                    let q = json!({"role": "user", "content": format!("New question number {k}: what changed since yesterday?")});
-                    let mut m = prefix.to_vec();
-                    m.push(serde_json::from_value(q.clone()).unwrap());
-                    let mut i = prefix_ids.clone();
-                    i.push(message_id(prefix_ids.last(), &q));
-                    (m, i)
-                },
-                |(m, i)| {
-                    let mut inp = PipelineInput::new(&m, &policy, facts);
-                    inp.ids = Some(&i);
-                    black_box(run(inp, &counter).unwrap())
-                },
-                BatchSize::SmallInput,
+    for (group, take) in [("next_turn_warm", true), ("next_turn_run", false)] {
+        let mut g = c.benchmark_group(group);
+        for n in [50usize, 500] {
+            let prefix: &'static [Message] =
+                Box::leak(messages[..n - 1].to_vec().into_boxed_slice());
+            let prefix_ids = ids[..n - 1].to_vec();
+            let counter = TokenCounter::new();
+            run(
+                input(prefix, Box::leak(prefix_ids.clone().into_boxed_slice())),
+                &counter,
             )
-        });
+            .unwrap();
+            let mut k = 0u64;
+            g.bench_function(format!("turn_{n}"), |b| {
+                b.iter_batched_ref(
+                    || {
+                        // a new question nobody has counted yet
+                        k += 1;
+                        let q = json!({"role": "user", "content": format!("New question number {k}: what changed since yesterday?")});
+                        let mut m = prefix.to_vec();
+                        m.push(serde_json::from_value(q.clone()).unwrap());
+                        let mut i = prefix_ids.clone();
+                        i.push(message_id(prefix_ids.last(), &q));
+                        (m, i)
+                    },
+                    |(m, i)| {
+                        let mut inp = PipelineInput::new(m.as_slice(), &policy, facts);
+                        inp.ids = Some(i.as_slice());
+                        if take {
+                            let p: Plan = plan(inp, &counter).unwrap();
+                            black_box(p.take_from(m))
+                        } else {
+                            black_box(run(inp, &counter).unwrap())
+                        }
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+        g.finish();
     }
-    g.finish();
 }
 
 criterion_group!(benches, bench);

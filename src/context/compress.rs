@@ -249,8 +249,9 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
         let Some(result) = result else { continue };
         let msg = item.msg.to_mut();
         msg.content = Some(Value::String(result.text.clone()));
-        // Counted fresh: the message is new, only its content's count is known.
-        item.tokens = message_tokens(encoding, msg);
+        // The other fields cost `item.tokens - tokens_before` (see `compress_item`), so the
+        // shortened message costs that plus the new text, without tokenising it again.
+        item.tokens = item.tokens.saturating_sub(result.tokens_before) + result.tokens_after;
         if let Some(index) = item.index {
             done.push(Compressed {
                 index,

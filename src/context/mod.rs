@@ -36,7 +36,7 @@ use std::collections::HashSet;
 
 use serde_json::Value;
 
-use crate::conversation::{Message, MessageId};
+use crate::conversation::{Message, MessageId, Role};
 use crate::error::{Error, Result};
 use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
 
@@ -102,12 +102,76 @@ pub struct Rewritten {
     pub report: Report,
 }
 
+/// The outcome of a run before it is turned into messages: which messages of the input go out
+/// unchanged (by position) and which the pipeline changed or made. A caller that owns the
+/// conversation can then move the kept messages out ([`Plan::take_from`]) instead of cloning
+/// them, so a turn costs no allocation per message of history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    parts: Vec<Part>,
+    pub report: Report,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Part {
+    /// The input message at this position, as given.
+    Unchanged(usize),
+    /// A message a step changed or made.
+    Changed(Message),
+}
+
+impl Plan {
+    /// The rewritten conversation, cloning the unchanged messages from `messages` (the
+    /// conversation the plan was made from).
+    pub fn cloned_from(self, messages: &[Message]) -> Rewritten {
+        let messages = self
+            .parts
+            .into_iter()
+            .filter_map(|part| match part {
+                Part::Unchanged(p) => messages.get(p).cloned(),
+                Part::Changed(m) => Some(m),
+            })
+            .collect();
+        Rewritten {
+            messages,
+            report: self.report,
+        }
+    }
+
+    /// The rewritten conversation, moving the unchanged messages out of `messages` (the
+    /// conversation the plan was made from), which is left holding empty messages in their
+    /// place and the messages the rewrite dropped.
+    pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
+        let messages = self
+            .parts
+            .into_iter()
+            .filter_map(|part| match part {
+                Part::Unchanged(p) => messages
+                    .get_mut(p)
+                    .map(|m| std::mem::replace(m, Message::text(Role::User, ""))),
+                Part::Changed(m) => Some(m),
+            })
+            .collect();
+        Rewritten {
+            messages,
+            report: self.report,
+        }
+    }
+}
+
 /// Runs the pipeline over `input`, counting with `counter` (whose cache it reads and fills).
+/// Messages no step changed are cloned into the result; [`plan`] spares those clones.
 ///
 /// Fails with [`Error::ContextLengthExceeded`] when the rewritten request is still larger than
 /// the model's context window (the upstream must then not be called), and with
 /// [`Error::Internal`] when `ids` is not parallel to `messages`.
 pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Rewritten> {
+    plan(input, counter).map(|plan| plan.cloned_from(input.messages))
+}
+
+/// Runs the pipeline over `input` like [`run`], returning the result as a [`Plan`] over
+/// `input.messages`.
+pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Plan> {
     let encoding = input.model.encoding;
     if let Some(ids) = input.ids {
         if ids.len() != input.messages.len() {
@@ -120,17 +184,17 @@ pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Re
     }
     let tools_tokens = input.tools.map_or(0, |t| counter.tools(encoding, t));
     let history_end = current_turn_start(input.messages);
+    // One batch: one cache lock for the whole conversation, new text tokenised together.
+    let counts = counter.messages(encoding, input.messages, input.ids);
     let items: Vec<Item<'_>> = input
         .messages
         .iter()
+        .zip(counts)
         .enumerate()
-        .map(|(index, m)| Item {
+        .map(|(index, (m, tokens))| Item {
             msg: Cow::Borrowed(m),
             index: Some(index),
-            tokens: match input.ids {
-                Some(ids) => counter.message_with_id(encoding, m, &ids[index]),
-                None => counter.message(encoding, m),
-            },
+            tokens,
             id: input.ids.map(|ids| ids[index]),
             history: index < history_end,
         })
@@ -190,8 +254,16 @@ pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Re
             needed: tokens_out,
         });
     }
-    Ok(Rewritten {
-        messages: work.items.into_iter().map(|i| i.msg.into_owned()).collect(),
+    let parts = work
+        .items
+        .into_iter()
+        .map(|item| match (item.msg, item.index) {
+            (Cow::Borrowed(_), Some(p)) => Part::Unchanged(p),
+            (msg, _) => Part::Changed(msg.into_owned()),
+        })
+        .collect();
+    Ok(Plan {
+        parts,
         report: work.report,
     })
 }

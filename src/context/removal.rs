@@ -4,13 +4,11 @@
 //! `tool_calls` key, or is dropped if it has no text. With placeholders, each removed call adds
 //! `[tool call omitted: NAME]` to the content instead, so that message always stays.
 
-use std::collections::HashSet;
-
 use serde_json::{Value, json};
 
 use crate::conversation::{Message, Role, ToolCall};
 
-use super::report::{RemoveReason, Removed};
+use super::report::RemoveReason;
 use super::segments::link_results;
 use super::work::Work;
 
@@ -23,37 +21,45 @@ pub(crate) fn remove_calls(
     placeholder: bool,
     mut doomed: impl FnMut(usize, usize, &ToolCall) -> bool,
 ) {
-    let mut gone: HashSet<(usize, usize)> = HashSet::new();
+    // Flat tables indexed by position (no hashing per message): `first_call[pos]` is where the
+    // calls of the message at `pos` start in `gone`.
+    let mut first_call = Vec::with_capacity(work.items.len() + 1);
+    let mut gone = Vec::new();
+    let mut any = false;
     for (pos, item) in work.items.iter().enumerate() {
-        if item.history && item.msg.role == Role::Assistant {
-            for (i, call) in item.msg.tool_calls().iter().enumerate() {
-                if doomed(pos, i, call) {
-                    gone.insert((pos, i));
-                }
-            }
+        first_call.push(gone.len());
+        let calls = item.msg.tool_calls();
+        let offered = item.history && item.msg.role == Role::Assistant;
+        for (i, call) in calls.iter().enumerate() {
+            let doomed = offered && doomed(pos, i, call);
+            any |= doomed;
+            gone.push(doomed);
         }
     }
-    if gone.is_empty() {
+    if !any {
         return;
     }
+    let is_gone = |pos: usize, i: usize| gone[first_call[pos] + i];
     let links = link_results(work.items.iter().map(|i| &*i.msg));
-
-    let mut drop_pos: HashSet<usize> = HashSet::new();
-    for (pos, link) in links.iter().enumerate() {
-        if link.is_some_and(|call| gone.contains(&call)) {
-            drop_pos.insert(pos);
-        }
-    }
+    let mut drop_pos: Vec<bool> = links
+        .iter()
+        .map(|link| link.is_some_and(|(owner, i)| is_gone(owner, i)))
+        .collect();
     let encoding = work.encoding;
     let mut placeholders = 0u64;
-    for pos in 0..work.items.len() {
-        let doomed_here: Vec<usize> = (0..work.items[pos].msg.tool_calls().len())
-            .filter(|i| gone.contains(&(pos, *i)))
-            .collect();
-        if doomed_here.is_empty() {
+    for (pos, item) in work.items.iter_mut().enumerate() {
+        let n_calls = item.msg.tool_calls().len();
+        let n_gone = (0..n_calls).filter(|&i| is_gone(pos, i)).count();
+        if n_gone == 0 {
             continue;
         }
-        let item = &mut work.items[pos];
+        // A message that loses every call and has nothing else to say is dropped: decide that
+        // before copying it, since on a long conversation most removed calls are of this kind.
+        if !placeholder && n_gone == n_calls && !has_payload(&item.msg) {
+            drop_pos[pos] = true;
+            continue;
+        }
+        let doomed_here: Vec<usize> = (0..n_calls).filter(|&i| is_gone(pos, i)).collect();
         let msg = item.msg.to_mut();
         let names = take_calls(msg, &doomed_here);
         if placeholder {
@@ -67,27 +73,14 @@ pub(crate) fn remove_calls(
         if !msg.has_tool_calls() {
             msg.tool_calls = None;
             if !has_payload(msg) {
-                drop_pos.insert(pos);
+                drop_pos[pos] = true;
                 continue;
             }
         }
         item.tokens = crate::tokens::message_tokens(encoding, msg);
     }
     work.report.placeholders += placeholders;
-    let items = std::mem::take(&mut work.items);
-    for (pos, item) in items.into_iter().enumerate() {
-        if drop_pos.contains(&pos) {
-            if let Some(index) = item.index {
-                work.report.removed.push(Removed {
-                    index,
-                    role: item.msg.role.clone(),
-                    reason,
-                });
-            }
-        } else {
-            work.items.push(item);
-        }
-    }
+    work.remove_where(reason, |pos, _| drop_pos[pos]);
 }
 
 /// Takes the calls at `indices` (ascending) out of `msg`, returning their function names.

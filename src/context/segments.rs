@@ -4,8 +4,9 @@
 //! with the results directly after it, or any other single message: the unit the budget and the
 //! summary cut on, so a call is never separated from its results.
 
-use std::collections::HashMap;
 use std::ops::Range;
+
+use foldhash::HashMap;
 
 use crate::conversation::{Message, Role};
 
@@ -14,8 +15,8 @@ use crate::conversation::{Message, Role};
 pub fn link_results<'m>(
     messages: impl Iterator<Item = &'m Message>,
 ) -> Vec<Option<(usize, usize)>> {
-    let mut owner: HashMap<&str, (usize, usize)> = HashMap::new();
-    let mut links = Vec::new();
+    let mut owner: HashMap<&str, (usize, usize)> = HashMap::default();
+    let mut links = Vec::with_capacity(messages.size_hint().0);
     for (pos, m) in messages.enumerate() {
         let mut link = None;
         match m.role {

@@ -56,22 +56,23 @@ impl<'a> Work<'a> {
         reason: RemoveReason,
         mut doomed: impl FnMut(usize, &Item) -> bool,
     ) {
-        let items = std::mem::take(&mut self.items);
-        let mut kept = Vec::with_capacity(items.len());
-        for (pos, item) in items.into_iter().enumerate() {
-            if doomed(pos, &item) {
+        // In place: no new vector, and kept items move only when something before them went.
+        let report = &mut self.report;
+        let mut pos = 0;
+        self.items.retain(|item| {
+            let gone = doomed(pos, item);
+            pos += 1;
+            if gone {
                 if let Some(index) = item.index {
-                    self.report.removed.push(Removed {
+                    report.removed.push(Removed {
                         index,
                         role: item.msg.role.clone(),
                         reason,
                     });
                 }
-            } else {
-                kept.push(item);
             }
-        }
-        self.items = kept;
+            !gone
+        });
     }
 }
 

@@ -2,60 +2,78 @@
 //! chains the whole prefix, so a hit means "this exact message at this exact place in this
 //! conversation"; turn N+1 of a conversation then only tokenises what is new.
 //!
-//! Bounded by two generations per shard: inserts go to `young`; when `young` is full, `old` is
-//! discarded and `young` becomes `old`. A hit in `old` is promoted. This keeps recently used
-//! entries without the bookkeeping of a true LRU. Locks are held only for the map operation, never
-//! while tokenising.
+//! Bounded by two generations: inserts go to `young`; when `young` is full, `old` is discarded
+//! and `young` becomes `old`. A hit in `old` is promoted. This keeps recently used entries without
+//! the bookkeeping of a true LRU.
+//!
+//! A request looks up its whole conversation at once ([`Memo::get_many`]) under one shared read
+//! lock, so the per-message cost of a warm turn is a hash probe; writes (new counts, promotions)
+//! take the write lock once per request. Locks are never held while tokenising.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::hash::{Hash, Hasher};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use foldhash::HashMap;
 
 use crate::conversation::MessageId;
 
 use super::Encoding;
 
-const SHARDS: usize = 16;
-
 /// Key of a per-message entry: encoding, message id, and a variant (0 for counts; the
 /// compression limit for compressed results).
-type Key = (Encoding, MessageId, u64);
-
-struct Shard<V> {
-    young: HashMap<Key, V>,
-    old: HashMap<Key, V>,
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Key {
+    encoding: Encoding,
+    id: MessageId,
+    variant: u64,
 }
 
-impl<V> Default for Shard<V> {
-    fn default() -> Self {
-        Shard {
-            young: HashMap::new(),
-            old: HashMap::new(),
-        }
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The id is a sha256: eight of its bytes are as good as all 32 for spreading keys, and
+        // hashing a quarter of the bytes (with foldhash, seeded per process) makes the
+        // per-message probe of a warm turn cheap. Equality still compares the whole key.
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&self.id.0[..8]);
+        state.write_u64(u64::from_le_bytes(prefix) ^ self.variant);
+        self.encoding.hash(state);
     }
+}
+
+struct Generations<V> {
+    young: HashMap<Key, V>,
+    old: HashMap<Key, V>,
 }
 
 /// Per-message token counts shared by every request of the process.
 pub type CountCache = Memo<u64>;
 
-/// A bounded, sharded map from (encoding, message id, variant) to a value derived from that
-/// message.
+/// A bounded map from (encoding, message id, variant) to a value derived from that message.
 pub struct Memo<V> {
-    shards: Vec<Mutex<Shard<V>>>,
-    per_shard: usize,
+    maps: RwLock<Generations<V>>,
+    capacity: usize,
 }
 
 impl<V: Clone> Memo<V> {
     /// A cache holding at least `capacity` recent entries (and at most about twice that).
     pub fn new(capacity: usize) -> Self {
         Memo {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            per_shard: capacity.div_ceil(SHARDS).max(1),
+            maps: RwLock::new(Generations {
+                young: HashMap::default(),
+                old: HashMap::default(),
+            }),
+            capacity: capacity.max(1),
         }
     }
 
-    fn shard(&self, id: &MessageId) -> &Mutex<Shard<V>> {
-        // The id is a sha256, so any byte is uniformly distributed.
-        &self.shards[id.0[0] as usize % SHARDS]
+    // A poisoned lock only means another thread panicked mid-insert; the maps are still valid,
+    // so keep using them.
+    fn read(&self) -> RwLockReadGuard<'_, Generations<V>> {
+        self.maps.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Generations<V>> {
+        self.maps.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cached count, if any.
@@ -70,33 +88,109 @@ impl<V: Clone> Memo<V> {
 
     /// The cached value for one variant of a message, if any.
     pub fn get_variant(&self, encoding: Encoding, id: &MessageId, variant: u64) -> Option<V> {
-        let key = (encoding, *id, variant);
-        // A poisoned lock only means another thread panicked mid-insert; the maps are still
-        // valid, so keep using them.
-        let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = shard.young.get(&key) {
-            return Some(n.clone());
+        let key = Key {
+            encoding,
+            id: *id,
+            variant,
+        };
+        {
+            let maps = self.read();
+            if let Some(v) = maps.young.get(&key) {
+                return Some(v.clone());
+            }
+            if !maps.old.contains_key(&key) {
+                return None;
+            }
         }
-        let n = shard.old.remove(&key)?;
-        insert(&mut shard, key, n.clone(), self.per_shard);
-        Some(n)
+        let mut maps = self.write();
+        let v = match maps.old.remove(&key) {
+            Some(v) => v,
+            // Promoted by another thread in between.
+            None => return maps.young.get(&key).cloned(),
+        };
+        self.put(&mut maps, key, v.clone());
+        Some(v)
     }
 
     /// Records the value for one variant of a message.
     pub fn insert_variant(&self, encoding: Encoding, id: &MessageId, variant: u64, value: V) {
-        let mut shard = self.shard(id).lock().unwrap_or_else(|e| e.into_inner());
-        insert(&mut shard, (encoding, *id, variant), value, self.per_shard);
+        let key = Key {
+            encoding,
+            id: *id,
+            variant,
+        };
+        self.put(&mut self.write(), key, value);
+    }
+
+    /// The cached counts of many messages at once, parallel to `ids`: one read lock for all of
+    /// them, and one write lock only if some hits need promoting.
+    pub fn get_many(&self, encoding: Encoding, ids: &[MessageId]) -> Vec<Option<V>> {
+        let key = |id: &MessageId| Key {
+            encoding,
+            id: *id,
+            variant: 0,
+        };
+        let mut out = Vec::with_capacity(ids.len());
+        let mut in_old = false;
+        {
+            let maps = self.read();
+            for id in ids {
+                let k = key(id);
+                let hit = match maps.young.get(&k) {
+                    Some(v) => Some(v.clone()),
+                    None => {
+                        let v = maps.old.get(&k).cloned();
+                        in_old |= v.is_some();
+                        v
+                    }
+                };
+                out.push(hit);
+            }
+        }
+        if in_old {
+            let mut maps = self.write();
+            for id in ids {
+                let k = key(id);
+                if let Some(v) = maps.old.remove(&k) {
+                    self.put(&mut maps, k, v);
+                }
+            }
+        }
+        out
+    }
+
+    /// Records many counts under one write lock.
+    pub fn insert_many(
+        &self,
+        encoding: Encoding,
+        entries: impl IntoIterator<Item = (MessageId, V)>,
+    ) {
+        let mut entries = entries.into_iter().peekable();
+        if entries.peek().is_none() {
+            return;
+        }
+        let mut maps = self.write();
+        for (id, value) in entries {
+            let key = Key {
+                encoding,
+                id,
+                variant: 0,
+            };
+            self.put(&mut maps, key, value);
+        }
+    }
+
+    fn put(&self, maps: &mut Generations<V>, key: Key, value: V) {
+        if maps.young.len() >= self.capacity && !maps.young.contains_key(&key) {
+            maps.old = std::mem::take(&mut maps.young);
+        }
+        maps.young.insert(key, value);
     }
 
     /// Number of entries held (both generations).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = s.lock().unwrap_or_else(|e| e.into_inner());
-                s.young.len() + s.old.len()
-            })
-            .sum()
+        let maps = self.read();
+        maps.young.len() + maps.old.len()
     }
 
     /// True when nothing is cached.
@@ -106,19 +200,10 @@ impl<V: Clone> Memo<V> {
 
     /// Forgets everything (benchmarks use it to measure a cold cache).
     pub fn clear(&self) {
-        for s in &self.shards {
-            let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
-            s.young.clear();
-            s.old.clear();
-        }
+        let mut maps = self.write();
+        maps.young.clear();
+        maps.old.clear();
     }
-}
-
-fn insert<V>(shard: &mut Shard<V>, key: Key, value: V, per_shard: usize) {
-    if shard.young.len() >= per_shard {
-        shard.old = std::mem::take(&mut shard.young);
-    }
-    shard.young.insert(key, value);
 }
 
 #[cfg(test)]
@@ -137,7 +222,7 @@ mod tests {
         for n in 0..10_000 {
             cache.insert(Encoding::O200kBase, &id(n), n as u64);
         }
-        assert!(cache.len() <= 2 * 64 + 2 * SHARDS);
+        assert!(cache.len() <= 2 * 64);
         assert_eq!(cache.get(Encoding::O200kBase, &id(9_999)), Some(9_999));
         assert_eq!(cache.get(Encoding::O200kBase, &id(0)), None);
     }
@@ -147,5 +232,23 @@ mod tests {
         let cache = CountCache::new(64);
         cache.insert(Encoding::O200kBase, &id(1), 5);
         assert_eq!(cache.get(Encoding::Cl100kBase, &id(1)), None);
+    }
+
+    #[test]
+    fn batch_lookup_finds_both_generations_and_promotes() {
+        let cache = CountCache::new(4);
+        for n in 0..6 {
+            cache.insert(Encoding::O200kBase, &id(n), n as u64);
+        }
+        // 0..4 went to `old` when 4 and 5 arrived.
+        let ids: Vec<MessageId> = (0..7).map(id).collect();
+        let got = cache.get_many(Encoding::O200kBase, &ids);
+        assert_eq!(
+            got,
+            vec![Some(0), Some(1), Some(2), Some(3), Some(4), Some(5), None]
+        );
+        cache.insert_many(Encoding::O200kBase, [(id(6), 6), (id(7), 7)]);
+        assert_eq!(cache.get(Encoding::O200kBase, &id(7)), Some(7));
+        assert!(cache.len() <= 2 * 4);
     }
 }

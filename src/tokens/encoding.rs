@@ -1,5 +1,8 @@
-//! The tokenizers a model can use, and plain-text counting with each. The tiktoken encodings are
-//! process-wide singletons: building a BPE costs ~0.1 s, so it happens once per process.
+//! The tokenizers a model can use, and plain-text counting with each. Counting uses GitHub's
+//! `bpe-openai`, which gives the same counts as tiktoken (tests/token_counts.rs checks it against
+//! Python tiktoken, tests/token_counts_bpe.rs against tiktoken-rs on random text) at about twice
+//! the speed; counting dominates a cold pipeline run. Its encoders are process-wide singletons,
+//! built on first use.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,12 +35,8 @@ impl Encoding {
             return 0;
         }
         match self {
-            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton()
-                .encode_ordinary(text)
-                .len() as u64,
-            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton()
-                .encode_ordinary(text)
-                .len() as u64,
+            Encoding::O200kBase => bpe_openai::o200k_base().count(text) as u64,
+            Encoding::Cl100kBase => bpe_openai::cl100k_base().count(text) as u64,
             Encoding::Approximate => (text.chars().count() as u64).div_ceil(4),
         }
     }

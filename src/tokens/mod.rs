@@ -121,6 +121,38 @@ impl TokenCounter {
         n
     }
 
+    /// Tokens of each message of a conversation, parallel to `messages`. With `ids` (parallel to
+    /// `messages`), known messages come from the cache in one batch and only the others are
+    /// tokenised (then remembered); without, every message is tokenised. A large amount of new
+    /// text is tokenised on several threads.
+    pub fn messages(
+        &self,
+        encoding: Encoding,
+        messages: &[Message],
+        ids: Option<&[MessageId]>,
+    ) -> Vec<u64> {
+        let ids = ids.filter(|ids| ids.len() == messages.len());
+        let cached = match ids {
+            Some(ids) => self.cache.get_many(encoding, ids),
+            None => vec![None; messages.len()],
+        };
+        let missing: Vec<usize> = (0..messages.len())
+            .filter(|&p| cached[p].is_none())
+            .collect();
+        let fresh = count_many(encoding, messages, &missing);
+        if let Some(ids) = ids {
+            self.cache.insert_many(
+                encoding,
+                missing.iter().zip(&fresh).map(|(&p, &n)| (ids[p], n)),
+            );
+        }
+        let mut counts: Vec<u64> = cached.into_iter().map(|c| c.unwrap_or(0)).collect();
+        for (&p, n) in missing.iter().zip(fresh) {
+            counts[p] = n;
+        }
+        counts
+    }
+
     /// Tokens of a whole request: every message, the request overhead and the tools. `ids`, when
     /// given, must be parallel to `messages`; it makes the count use the cache.
     pub fn request(
@@ -130,16 +162,43 @@ impl TokenCounter {
         ids: Option<&[MessageId]>,
         tools: Option<&Value>,
     ) -> u64 {
-        let messages_total: u64 = match ids.filter(|ids| ids.len() == messages.len()) {
-            Some(ids) => messages
-                .iter()
-                .zip(ids)
-                .map(|(m, id)| self.message_with_id(encoding, m, id))
-                .sum(),
-            None => messages.iter().map(|m| message_tokens(encoding, m)).sum(),
-        };
+        let messages_total: u64 = self.messages(encoding, messages, ids).iter().sum();
         messages_total + REQUEST_OVERHEAD + tools.map_or(0, |t| self.tools(encoding, t))
     }
+}
+
+/// Below this much new text, tokenising on one thread beats handing work to the pool.
+const PARALLEL_MIN_BYTES: usize = 64 * 1024;
+
+/// The SPEC 5.1 counts of `messages[p]` for each `p` in `positions`, in that order.
+fn count_many(encoding: Encoding, messages: &[Message], positions: &[usize]) -> Vec<u64> {
+    let bytes: usize = positions.iter().map(|&p| text_bytes(&messages[p])).sum();
+    if bytes < PARALLEL_MIN_BYTES || rayon::current_num_threads() < 2 {
+        return positions
+            .iter()
+            .map(|&p| message_tokens(encoding, &messages[p]))
+            .collect();
+    }
+    use rayon::prelude::*;
+    positions
+        .par_iter()
+        .map(|&p| message_tokens(encoding, &messages[p]))
+        .collect()
+}
+
+/// About how many bytes of text counting `m` tokenises (content strings and call arguments),
+/// to decide whether a batch is worth spreading over threads.
+fn text_bytes(m: &Message) -> usize {
+    let content = match &m.content {
+        Some(Value::String(s)) => s.len(),
+        Some(Value::Array(parts)) => parts.iter().filter_map(part_text).map(str::len).sum(),
+        _ => 0,
+    };
+    content
+        + m.tool_calls()
+            .iter()
+            .map(|c| c.function.arguments.len())
+            .sum::<usize>()
 }
 
 /// The SPEC 5.1 cost of one message, tokenised now.
