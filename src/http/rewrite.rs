@@ -93,7 +93,7 @@ pub async fn rewrite(
     } = conversation;
     match call {
         Call::Chat(_) => {
-            let messages = match typed {
+            let mut messages = match typed {
                 Some(typed) => typed,
                 None => chat_messages(&wire)?,
             };
@@ -113,7 +113,9 @@ pub async fn rewrite(
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
-            let mut rewritten = context::run(input, &state.tokens)?;
+            // The messages are ours: the kept ones are moved into the output, not cloned.
+            let plan = context::plan(input, &state.tokens)?;
+            let mut rewritten = plan.take_from(&mut messages);
             summary.fix_report(&mut rewritten.report);
             if purpose == Purpose::Live {
                 count_rewrites(&rewritten.report);
