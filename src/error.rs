@@ -72,6 +72,12 @@ impl From<sqlx::Error> for Error {
     }
 }
 
+impl From<rusqlite::Error> for Error {
+    fn from(err: rusqlite::Error) -> Self {
+        Error::StoreUnavailable(err.to_string())
+    }
+}
+
 impl From<sqlx::migrate::MigrateError> for Error {
     fn from(err: sqlx::migrate::MigrateError) -> Self {
         Error::StoreUnavailable(format!("migration failed: {err}"))

@@ -1,26 +1,34 @@
-//! The SQLite backend: the default, single-process store. Write transactions start with
-//! `BEGIN IMMEDIATE` so that two writers never both read first and then fail to upgrade their
-//! lock; WAL lets readers run beside the one writer. The lease code is the same conditional
-//! UPDATE as on PostgreSQL, so two processes on one file are still serialised correctly.
+//! The SQLite backend: the default, single-process store, on `rusqlite` with dedicated threads.
 //!
-//! Writes go through one dedicated connection (`writer`), reads through a pool. SQLite allows
-//! one writer at a time anyway; with several pooled connections writing, the losers of the race
-//! get SQLITE_BUSY and sleep in SQLite's busy handler (1 ms, 2 ms, 5 ms, ...), which under load
-//! put milliseconds on the tail of every request. Queueing for the one writer connection in
-//! the async pool costs nothing like that. The busy timeout stays for other processes.
+//! Why threads: SQLite calls block, so they must not run on tokio's workers. sqlx ran every
+//! connection on a worker thread of its own and paid one channel round trip (and futex wake-ups)
+//! per *statement*; a new-session request ran ~19 of them and those hand-offs were the biggest
+//! cost of the proxy (issue 5). Here every store call is one closure sent to the thread that
+//! owns a connection: one hand-off per call, whatever it runs (see `threads.rs`).
+//!
+//! Why group commit: SQLite has one writer at a time anyway, so all writes go to one writer
+//! thread. It runs whatever is queued in one `BEGIN IMMEDIATE` transaction, each job inside its
+//! own savepoint (atomic and isolated: a failing job is rolled back alone and gets its error),
+//! and commits once: under load many calls share one WAL write. Answers go out only after the
+//! commit, so a caller never sees a write that could still be lost, and a later read on a
+//! reader connection always sees it. `BEGIN IMMEDIATE` takes the write lock up front, so another
+//! process on the same file queues in the busy handler instead of failing to upgrade a lock.
+//!
+//! Reads run on a few reader threads (WAL lets them read beside the writer); an in-memory
+//! database has a single connection, so there everything runs on the writer. The lease is the
+//! same conditional UPDATE as on PostgreSQL, so two processes on one file are still serialised
+//! correctly. Column encodings are those the sqlx version wrote (ids as BLOBs, times as integer
+//! unix milliseconds, JSON as TEXT, booleans as 0/1), so its databases open unchanged.
 
+mod open;
 mod records;
+mod threads;
 mod tree;
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::Row;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
-};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Store;
 use super::lease::{self, Wakeups};
@@ -29,88 +37,42 @@ use super::time::Timestamp;
 use super::types::*;
 use crate::conversation::MessageId;
 use crate::{Error, Result};
+use open::Target;
+use threads::Threads;
+
+/// Reader threads at most, whatever `max_connections` says: reads are short and CPU-bound, so
+/// more readers than cores only add threads and page caches.
+const MAX_READERS: u32 = 4;
 
 /// The store on one SQLite file.
 pub struct SqliteStore {
-    /// Reads (WAL: they run beside the writer).
-    pool: SqlitePool,
-    /// Every write, on one connection (or the same pool for an in-memory database).
-    writer: SqlitePool,
+    threads: Threads,
     wakeups: Wakeups,
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file named by a `sqlite:` URL.
+    /// Opens (creating if needed) the database named by a `sqlite:` URL, with
+    /// `max_connections` reader threads (at least 1, at most 4; none for an in-memory database).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
-            .foreign_keys(true);
-        let file = options.get_filename();
-        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::StoreUnavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
-        }
-        let in_memory = options.get_filename().as_os_str().is_empty()
-            || url.contains(":memory:")
-            || url.contains("mode=memory");
-        let pool = SqlitePoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
-            .await?;
-        let writer = if in_memory {
-            pool.clone()
-        } else {
-            SqlitePoolOptions::new()
-                .max_connections(1)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_with(options)
-                .await?
-        };
+        let target = Target::parse(url)?;
+        let readers = max_connections.clamp(1, MAX_READERS) as usize;
         Ok(SqliteStore {
-            pool,
-            writer,
+            threads: Threads::start(target, readers).await?,
             wakeups: Wakeups::default(),
         })
     }
 
     async fn try_lease(
         &self,
-        owner_col: LeaseKind,
+        kind: LeaseKind,
         tenant: &str,
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        let now = Timestamp::now();
-        let lease = Lease {
-            tenant: tenant.to_string(),
-            session: session.to_string(),
-            owner: lease::new_owner(),
-            until: now.plus(ttl),
-        };
-        let sql = match owner_col {
-            LeaseKind::Session => {
-                "UPDATE sessions SET lock_owner = ?, lock_until = ? WHERE tenant = ? AND id = ? \
-                 AND (lock_owner IS NULL OR lock_until <= ?)"
-            }
-            LeaseKind::Summary => {
-                "UPDATE sessions SET summary_owner = ?, summary_until = ? WHERE tenant = ? \
-                 AND id = ? AND (summary_owner IS NULL OR summary_until <= ?)"
-            }
-        };
-        let done = sqlx::query(sql)
-            .bind(&lease.owner)
-            .bind(lease.until.millis())
-            .bind(tenant)
-            .bind(session)
-            .bind(now.millis())
-            .execute(&self.writer)
-            .await?;
-        Ok((done.rows_affected() == 1).then_some(lease))
+        let (tenant, session) = (tenant.to_string(), session.to_string());
+        self.threads
+            .write(move |conn| Ok(take_lease(conn, kind, tenant, session, ttl)?.ok()))
+            .await
     }
 
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
@@ -124,13 +86,17 @@ impl SqliteStore {
                  WHERE tenant = ? AND id = ? AND summary_owner = ?"
             }
         };
-        sqlx::query(sql)
-            .bind(&lease.tenant)
-            .bind(&lease.session)
-            .bind(&lease.owner)
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        let lease = lease.clone();
+        self.threads
+            .write(move |conn| {
+                conn.prepare_cached(sql)?.execute(params![
+                    lease.tenant,
+                    lease.session,
+                    lease.owner
+                ])?;
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -140,22 +106,123 @@ enum LeaseKind {
     Summary,
 }
 
+/// One attempt at a lease: the conditional UPDATE. `Err(())` inside: someone else holds it.
+fn take_lease(
+    conn: &Connection,
+    kind: LeaseKind,
+    tenant: String,
+    session: String,
+    ttl: Duration,
+) -> Result<Result<Lease, ()>> {
+    let now = Timestamp::now();
+    let lease = Lease {
+        tenant,
+        session,
+        owner: lease::new_owner(),
+        until: now.plus(ttl),
+    };
+    let sql = match kind {
+        LeaseKind::Session => {
+            "UPDATE sessions SET lock_owner = ?, lock_until = ? WHERE tenant = ? AND id = ? \
+             AND (lock_owner IS NULL OR lock_until <= ?)"
+        }
+        LeaseKind::Summary => {
+            "UPDATE sessions SET summary_owner = ?, summary_until = ? WHERE tenant = ? \
+             AND id = ? AND (summary_owner IS NULL OR summary_until <= ?)"
+        }
+    };
+    let changed = conn.prepare_cached(sql)?.execute(params![
+        lease.owner,
+        lease.until.millis(),
+        lease.tenant,
+        lease.session,
+        now.millis()
+    ])?;
+    Ok(if changed == 1 { Ok(lease) } else { Err(()) })
+}
+
 const SESSION_COLUMNS: &str = "s.tenant, s.id, s.key_hash, s.user_id, s.created_at, \
      s.updated_at, s.head_id, (SELECT COUNT(*) FROM messages m \
      WHERE m.tenant = s.tenant AND m.session_id = s.id) AS message_count";
 
-fn session_from_row(row: &SqliteRow) -> Result<Session> {
-    let head: Option<Vec<u8>> = row.try_get("head_id")?;
+fn session_from_row(row: &Row<'_>) -> Result<Session> {
+    let head: Option<Vec<u8>> = row.get("head_id")?;
     Ok(Session {
-        tenant: row.try_get("tenant")?,
-        id: row.try_get("id")?,
-        key_hash: row.try_get("key_hash")?,
-        user: row.try_get("user_id")?,
-        created_at: Timestamp(row.try_get("created_at")?),
-        updated_at: Timestamp(row.try_get("updated_at")?),
+        tenant: row.get("tenant")?,
+        id: row.get("id")?,
+        key_hash: row.get("key_hash")?,
+        user: row.get("user_id")?,
+        created_at: Timestamp(row.get("created_at")?),
+        updated_at: Timestamp(row.get("updated_at")?),
         head: head.as_deref().map(id_from_bytes).transpose()?,
-        message_count: row.try_get("message_count")?,
+        message_count: row.get("message_count")?,
     })
+}
+
+fn session_by_id(conn: &Connection, tenant: &str, session: &str) -> Result<Option<Session>> {
+    let sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.tenant = ? AND s.id = ?");
+    conn.prepare_cached(&sql)?
+        .query_row(params![tenant, session], |row| Ok(session_from_row(row)))
+        .optional()?
+        .transpose()
+}
+
+fn run_migrations(conn: &Connection) -> Result<()> {
+    // Inside the writer's `BEGIN IMMEDIATE`: concurrent runners (other processes) queue on the
+    // write lock, and a failing migration leaves nothing behind.
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS ctxproxy_migrations (version INTEGER PRIMARY KEY, \
+         description TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    )?;
+    let applied: Vec<(i64, String)> = conn
+        .prepare("SELECT version, checksum FROM ctxproxy_migrations WHERE version <> ?")?
+        .query_map([LOCK_ROW], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for m in migrations::SQLITE {
+        if let Some((_, sum)) = applied.iter().find(|(v, _)| *v == m.version) {
+            migrations::verify(m, sum)?;
+            continue;
+        }
+        conn.execute_batch(m.sql)?;
+        conn.execute(
+            "INSERT INTO ctxproxy_migrations (version, description, checksum, applied_at) \
+             VALUES (?, ?, ?, ?)",
+            params![
+                m.version,
+                m.description,
+                m.checksum(),
+                Timestamp::now().millis()
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+fn delete_everything(conn: &Connection, tenant: &str, session: &str) -> Result<bool> {
+    // Explicit deletes rather than relying on ON DELETE CASCADE alone: a connection opened
+    // without `foreign_keys` must not leave orphans behind.
+    for sql in [
+        "DELETE FROM responses WHERE tenant = ? AND session_id = ?",
+        "DELETE FROM summaries WHERE tenant = ? AND session_id = ?",
+        "DELETE FROM requests WHERE tenant = ? AND session_id = ?",
+        "DELETE FROM messages WHERE tenant = ? AND session_id = ?",
+    ] {
+        conn.prepare_cached(sql)?
+            .execute(params![tenant, session])?;
+    }
+    let deleted = conn
+        .prepare_cached("DELETE FROM sessions WHERE tenant = ? AND id = ?")?
+        .execute(params![tenant, session])?;
+    Ok(deleted > 0)
+}
+
+fn not_found(session: &str) -> Error {
+    Error::NotFound(format!("session '{session}' not found"))
+}
+
+/// Owned copies of the usual (tenant, session) arguments, for a job that outlives the call.
+fn owned(tenant: &str, session: &str) -> (String, String) {
+    (tenant.to_string(), session.to_string())
 }
 
 #[async_trait]
@@ -165,48 +232,21 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS ctxproxy_migrations (version INTEGER PRIMARY KEY, \
-             description TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)",
-        )
-        .execute(&self.writer)
-        .await?;
-        // BEGIN IMMEDIATE takes the write lock first: concurrent runners queue here.
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let applied: Vec<(i64, String)> =
-            sqlx::query_as("SELECT version, checksum FROM ctxproxy_migrations WHERE version <> ?")
-                .bind(LOCK_ROW)
-                .fetch_all(&mut *tx)
-                .await?;
-        for m in migrations::SQLITE {
-            if let Some((_, sum)) = applied.iter().find(|(v, _)| *v == m.version) {
-                migrations::verify(m, sum)?;
-                continue;
-            }
-            sqlx::raw_sql(m.sql).execute(&mut *tx).await?;
-            sqlx::query(
-                "INSERT INTO ctxproxy_migrations (version, description, checksum, applied_at) \
-                 VALUES (?, ?, ?, ?)",
-            )
-            .bind(m.version)
-            .bind(m.description)
-            .bind(m.checksum())
-            .bind(Timestamp::now().millis())
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        self.threads.write(run_migrations).await
     }
 
     async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        self.threads
+            .read(|conn| {
+                conn.prepare_cached("SELECT 1")?
+                    .query_row([], |row| row.get::<_, i64>(0))?;
+                Ok(())
+            })
+            .await
     }
 
     async fn close(&self) {
-        self.writer.close().await;
-        self.pool.close().await;
+        self.threads.close().await;
     }
 
     async fn get_or_create_session(
@@ -215,33 +255,34 @@ impl Store for SqliteStore {
         session: &str,
         scope: &Scope,
     ) -> Result<Session> {
-        let now = Timestamp::now().millis();
-        sqlx::query(
-            "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, id) DO NOTHING",
-        )
-        .bind(tenant)
-        .bind(session)
-        .bind(&scope.key_hash)
-        .bind(&scope.user)
-        .bind(now)
-        .bind(now)
-        .execute(&self.writer)
-        .await?;
-        self.get_session(tenant, session)
-            .await?
-            .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
+        let (tenant, session) = owned(tenant, session);
+        let scope = scope.clone();
+        self.threads
+            .write(move |conn| {
+                let now = Timestamp::now().millis();
+                conn.prepare_cached(
+                    "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, \
+                     updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, id) DO NOTHING",
+                )?
+                .execute(params![
+                    tenant,
+                    session,
+                    scope.key_hash,
+                    scope.user,
+                    now,
+                    now
+                ])?;
+                session_by_id(conn, &tenant, &session)?
+                    .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
+            })
+            .await
     }
 
     async fn get_session(&self, tenant: &str, session: &str) -> Result<Option<Session>> {
-        let sql =
-            format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE s.tenant = ? AND s.id = ?");
-        let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(tenant)
-            .bind(session)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(session_from_row).transpose()
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| session_by_id(conn, &tenant, &session))
+            .await
     }
 
     async fn lock_session(
@@ -251,22 +292,30 @@ impl Store for SqliteStore {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lease> {
-        // The common case, a free lease, costs one statement; existence is checked only when
-        // that fails (a missing session must still be `NotFound`, not a timeout).
-        if let Some(lease) = self
-            .try_lease(LeaseKind::Session, tenant, session, ttl)
-            .await?
-        {
+        // The common case, a free lease, costs one job; existence is checked in the same job
+        // only when that fails (a missing session must be `NotFound`, not a timeout).
+        let (t, s) = owned(tenant, session);
+        let first = self
+            .threads
+            .write(move |conn| {
+                let (t2, s2) = (t.clone(), s.clone());
+                match take_lease(conn, LeaseKind::Session, t, s, ttl)? {
+                    Ok(lease) => Ok(Some(lease)),
+                    Err(()) => {
+                        let exists: Option<i64> = conn
+                            .prepare_cached("SELECT 1 FROM sessions WHERE tenant = ? AND id = ?")?
+                            .query_row(params![t2, s2], |row| row.get(0))
+                            .optional()?;
+                        match exists {
+                            Some(_) => Ok(None),
+                            None => Err(not_found(&s2)),
+                        }
+                    }
+                }
+            })
+            .await?;
+        if let Some(lease) = first {
             return Ok(lease);
-        }
-        let exists: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM sessions WHERE tenant = ? AND id = ?")
-                .bind(tenant)
-                .bind(session)
-                .fetch_optional(&self.pool)
-                .await?;
-        if exists.is_none() {
-            return Err(Error::NotFound(format!("session '{session}' not found")));
         }
         lease::acquire(&self.wakeups, tenant, session, wait, || {
             self.try_lease(LeaseKind::Session, tenant, session, ttl)
@@ -275,20 +324,24 @@ impl Store for SqliteStore {
     }
 
     async fn renew_session_lease(&self, held: &Lease, ttl: Duration) -> Result<Option<Lease>> {
-        let until = Timestamp::now().plus(ttl);
-        let done = sqlx::query(
-            "UPDATE sessions SET lock_until = ? WHERE tenant = ? AND id = ? AND lock_owner = ?",
-        )
-        .bind(until.millis())
-        .bind(&held.tenant)
-        .bind(&held.session)
-        .bind(&held.owner)
-        .execute(&self.writer)
-        .await?;
-        Ok((done.rows_affected() == 1).then(|| Lease {
-            until,
-            ..held.clone()
-        }))
+        let held = held.clone();
+        self.threads
+            .write(move |conn| {
+                let until = Timestamp::now().plus(ttl);
+                let changed = conn
+                    .prepare_cached(
+                        "UPDATE sessions SET lock_until = ? \
+                         WHERE tenant = ? AND id = ? AND lock_owner = ?",
+                    )?
+                    .execute(params![
+                        until.millis(),
+                        held.tenant,
+                        held.session,
+                        held.owner
+                    ])?;
+                Ok((changed == 1).then_some(Lease { until, ..held }))
+            })
+            .await
     }
 
     async fn unlock_session(&self, held: &Lease) -> Result<()> {
@@ -304,11 +357,18 @@ impl Store for SqliteStore {
         parent: Option<MessageId>,
         messages: &[NewMessage],
     ) -> Result<Vec<Appended>> {
-        tree::append(&self.writer, tenant, session, parent, messages).await
+        let (tenant, session) = owned(tenant, session);
+        let messages = messages.to_vec();
+        self.threads
+            .write(move |conn| tree::append(conn, &tenant, &session, parent, &messages))
+            .await
     }
 
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>> {
-        tree::path(&self.pool, tenant, session, None).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| tree::path(conn, &tenant, &session, None))
+            .await
     }
 
     async fn load_path(
@@ -317,11 +377,17 @@ impl Store for SqliteStore {
         session: &str,
         message: MessageId,
     ) -> Result<Vec<StoredMessage>> {
-        tree::path(&self.pool, tenant, session, Some(message)).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| tree::path(conn, &tenant, &session, Some(message)))
+            .await
     }
 
     async fn list_branches(&self, tenant: &str, session: &str) -> Result<Vec<Branch>> {
-        tree::branches(&self.pool, tenant, session).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| tree::branches(conn, &tenant, &session))
+            .await
     }
 
     async fn find_session_by_prefix(
@@ -330,44 +396,40 @@ impl Store for SqliteStore {
         scope: &Scope,
         ids: &[MessageId],
     ) -> Result<Option<PrefixMatch>> {
-        tree::find_by_prefix(&self.pool, tenant, scope, ids).await
+        let tenant = tenant.to_string();
+        let scope = scope.clone();
+        let ids = ids.to_vec();
+        self.threads
+            .read(move |conn| tree::find_by_prefix(conn, &tenant, &scope, &ids))
+            .await
     }
 
     async fn insert_request(&self, record: &NewRequestRecord) -> Result<RequestRecord> {
-        records::insert_request(&self.writer, record).await
+        let record = record.clone();
+        self.threads
+            .write(move |conn| records::insert_request(conn, &record))
+            .await
     }
 
     async fn list_requests(&self, tenant: &str, session: &str) -> Result<Vec<RequestRecord>> {
-        records::list_requests(&self.pool, tenant, session).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| records::list_requests(conn, &tenant, &session))
+            .await
     }
 
     async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage> {
-        records::list_sessions(&self.pool, query).await
+        let query = query.clone();
+        self.threads
+            .read(move |conn| records::list_sessions(conn, &query))
+            .await
     }
 
     async fn delete_session(&self, tenant: &str, session: &str) -> Result<bool> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        // Explicit deletes rather than relying on ON DELETE CASCADE alone: a connection opened
-        // without `foreign_keys` must not leave orphans behind.
-        for sql in [
-            "DELETE FROM responses WHERE tenant = ? AND session_id = ?",
-            "DELETE FROM summaries WHERE tenant = ? AND session_id = ?",
-            "DELETE FROM requests WHERE tenant = ? AND session_id = ?",
-            "DELETE FROM messages WHERE tenant = ? AND session_id = ?",
-        ] {
-            sqlx::query(sql)
-                .bind(tenant)
-                .bind(session)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let done = sqlx::query("DELETE FROM sessions WHERE tenant = ? AND id = ?")
-            .bind(tenant)
-            .bind(session)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() > 0)
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .write(move |conn| delete_everything(conn, &tenant, &session))
+            .await
     }
 
     async fn insert_summary(
@@ -376,7 +438,11 @@ impl Store for SqliteStore {
         session: &str,
         summary: &NewSummary,
     ) -> Result<Summary> {
-        records::insert_summary(&self.writer, tenant, session, summary).await
+        let (tenant, session) = owned(tenant, session);
+        let summary = summary.clone();
+        self.threads
+            .write(move |conn| records::insert_summary(conn, &tenant, &session, &summary))
+            .await
     }
 
     async fn latest_summary(
@@ -385,11 +451,17 @@ impl Store for SqliteStore {
         session: &str,
         leaf: Option<MessageId>,
     ) -> Result<Option<Summary>> {
-        records::latest_summary(&self.pool, tenant, session, leaf).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| records::latest_summary(conn, &tenant, &session, leaf))
+            .await
     }
 
     async fn list_summaries(&self, tenant: &str, session: &str) -> Result<Vec<Summary>> {
-        records::list_summaries(&self.pool, tenant, session).await
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| records::list_summaries(conn, &tenant, &session))
+            .await
     }
 
     async fn try_lock_summary(
@@ -413,36 +485,49 @@ impl Store for SqliteStore {
         session: &str,
         message: MessageId,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
-             VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
-             session_id = excluded.session_id, message_id = excluded.message_id, \
-             created_at = excluded.created_at",
-        )
-        .bind(tenant)
-        .bind(response_id)
-        .bind(session)
-        .bind(&message.0[..])
-        .bind(Timestamp::now().millis())
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        let (tenant, session) = owned(tenant, session);
+        let response_id = response_id.to_string();
+        self.threads
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO responses (tenant, response_id, session_id, message_id, \
+                     created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO \
+                     UPDATE SET session_id = excluded.session_id, \
+                     message_id = excluded.message_id, created_at = excluded.created_at",
+                )?
+                .execute(params![
+                    tenant,
+                    response_id,
+                    session,
+                    message.0,
+                    Timestamp::now().millis()
+                ])?;
+                Ok(())
+            })
+            .await
     }
 
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {
-        let row: Option<(String, Vec<u8>)> = sqlx::query_as(
-            "SELECT session_id, message_id FROM responses WHERE tenant = ? AND response_id = ?",
-        )
-        .bind(tenant)
-        .bind(response_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|(session, id)| {
-            Ok(ResponseRef {
-                session,
-                message: id_from_bytes(&id)?,
+        let (tenant, response_id) = owned(tenant, response_id);
+        self.threads
+            .read(move |conn| {
+                let row: Option<(String, Vec<u8>)> = conn
+                    .prepare_cached(
+                        "SELECT session_id, message_id FROM responses \
+                         WHERE tenant = ? AND response_id = ?",
+                    )?
+                    .query_row(params![tenant, response_id], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })
+                    .optional()?;
+                row.map(|(session, id)| {
+                    Ok(ResponseRef {
+                        session,
+                        message: id_from_bytes(&id)?,
+                    })
+                })
+                .transpose()
             })
-        })
-        .transpose()
+            .await
     }
 }

@@ -1,8 +1,9 @@
-//! SQLite: request records, summaries and the admin session list.
+//! SQLite: request records, summaries and the admin session list. Plain functions on a
+//! connection; inserts run inside the writer's transaction, the rest on a reader.
 
+use rusqlite::types::ToSql;
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
-use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
-use sqlx::{QueryBuilder, Row};
 
 use super::super::time::Timestamp;
 use super::super::types::*;
@@ -24,34 +25,31 @@ fn json_value(s: Option<String>) -> Result<Option<Value>> {
         .map_err(|e| Error::Internal(format!("stored record JSON: {e}")))
 }
 
-pub(super) async fn insert_request(
-    pool: &SqlitePool,
-    r: &NewRequestRecord,
-) -> Result<RequestRecord> {
+pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<RequestRecord> {
     let id = uuid::Uuid::now_v7().to_string();
     let time = Timestamp::now();
-    sqlx::query(
+    conn.prepare_cached(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
          choices) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(&id)
-    .bind(&r.tenant)
-    .bind(&r.session)
-    .bind(r.head.map(|h| h.0.to_vec()))
-    .bind(time.millis())
-    .bind(&r.endpoint)
-    .bind(&r.model)
-    .bind(i64::from(r.status))
-    .bind(r.tokens_in)
-    .bind(r.tokens_out)
-    .bind(r.latency_ms)
-    .bind(r.upstream_latency_ms)
-    .bind(&r.request_id)
-    .bind(json_text(&r.report)?)
-    .bind(json_text(&r.choices)?)
-    .execute(pool)
-    .await?;
+    )?
+    .execute(params![
+        id,
+        r.tenant,
+        r.session,
+        r.head.map(|h| h.0),
+        time.millis(),
+        r.endpoint,
+        r.model,
+        i64::from(r.status),
+        r.tokens_in,
+        r.tokens_out,
+        r.latency_ms,
+        r.upstream_latency_ms,
+        r.request_id,
+        json_text(&r.report)?,
+        json_text(&r.choices)?,
+    ])?;
     Ok(RequestRecord {
         id,
         tenant: r.tenant.clone(),
@@ -71,74 +69,74 @@ pub(super) async fn insert_request(
     })
 }
 
-pub(super) async fn list_requests(
-    pool: &SqlitePool,
+pub(super) fn list_requests(
+    conn: &Connection,
     tenant: &str,
     session: &str,
 ) -> Result<Vec<RequestRecord>> {
-    let rows = sqlx::query(
+    let mut stmt = conn.prepare_cached(
         "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
          tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices \
          FROM requests WHERE tenant = ? AND session_id = ? ORDER BY created_at, id",
-    )
-    .bind(tenant)
-    .bind(session)
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(request_from_row).collect()
+    )?;
+    let mut rows = stmt.query(params![tenant, session])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(request_from_row(row)?);
+    }
+    Ok(out)
 }
 
-fn request_from_row(row: &SqliteRow) -> Result<RequestRecord> {
-    let head: Option<Vec<u8>> = row.try_get("head_id")?;
-    let status: i64 = row.try_get("status")?;
+fn request_from_row(row: &Row<'_>) -> Result<RequestRecord> {
+    let head: Option<Vec<u8>> = row.get("head_id")?;
+    let status: i64 = row.get("status")?;
     Ok(RequestRecord {
-        id: row.try_get("id")?,
-        tenant: row.try_get("tenant")?,
-        session: row.try_get("session_id")?,
+        id: row.get("id")?,
+        tenant: row.get("tenant")?,
+        session: row.get("session_id")?,
         head: head.as_deref().map(id_from_bytes).transpose()?,
-        time: Timestamp(row.try_get("created_at")?),
-        endpoint: row.try_get("endpoint")?,
-        model: row.try_get("model")?,
+        time: Timestamp(row.get("created_at")?),
+        endpoint: row.get("endpoint")?,
+        model: row.get("model")?,
         status: u16::try_from(status).unwrap_or(0),
-        tokens_in: row.try_get("tokens_in")?,
-        tokens_out: row.try_get("tokens_out")?,
-        latency_ms: row.try_get("latency_ms")?,
-        upstream_latency_ms: row.try_get("upstream_latency_ms")?,
-        request_id: row.try_get("request_id")?,
-        report: json_value(row.try_get("report")?)?,
-        choices: json_value(row.try_get("choices")?)?,
+        tokens_in: row.get("tokens_in")?,
+        tokens_out: row.get("tokens_out")?,
+        latency_ms: row.get("latency_ms")?,
+        upstream_latency_ms: row.get("upstream_latency_ms")?,
+        request_id: row.get("request_id")?,
+        report: json_value(row.get("report")?)?,
+        choices: json_value(row.get("choices")?)?,
     })
 }
 
-pub(super) async fn list_sessions(pool: &SqlitePool, q: &SessionQuery) -> Result<SessionPage> {
+pub(super) fn list_sessions(conn: &Connection, q: &SessionQuery) -> Result<SessionPage> {
     let limit = clamp_limit(q.limit);
-    let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-        "SELECT {SESSION_COLUMNS} FROM sessions s WHERE 1 = 1"
-    ));
+    let mut sql = format!("SELECT {SESSION_COLUMNS} FROM sessions s WHERE 1 = 1");
+    let mut params: Vec<Box<dyn ToSql>> = Vec::new();
     if let Some(tenant) = &q.tenant {
-        qb.push(" AND s.tenant = ").push_bind(tenant.clone());
+        sql.push_str(" AND s.tenant = ?");
+        params.push(Box::new(tenant.clone()));
     }
     if let Some(after) = &q.after {
         let (ms, tenant, id) = decode_cursor(after)?;
-        qb.push(" AND (s.updated_at < ")
-            .push_bind(ms)
-            .push(" OR (s.updated_at = ")
-            .push_bind(ms)
-            .push(" AND (s.tenant > ")
-            .push_bind(tenant.clone())
-            .push(" OR (s.tenant = ")
-            .push_bind(tenant)
-            .push(" AND s.id > ")
-            .push_bind(id)
-            .push("))))");
+        sql.push_str(
+            " AND (s.updated_at < ? OR (s.updated_at = ? AND (s.tenant > ? \
+             OR (s.tenant = ? AND s.id > ?))))",
+        );
+        params.push(Box::new(ms));
+        params.push(Box::new(ms));
+        params.push(Box::new(tenant.clone()));
+        params.push(Box::new(tenant));
+        params.push(Box::new(id));
     }
-    qb.push(" ORDER BY s.updated_at DESC, s.tenant, s.id LIMIT ")
-        .push_bind(limit + 1);
-    let rows = qb.build().fetch_all(pool).await?;
-    let mut sessions = rows
-        .iter()
-        .map(session_from_row)
-        .collect::<Result<Vec<_>>>()?;
+    sql.push_str(" ORDER BY s.updated_at DESC, s.tenant, s.id LIMIT ?");
+    params.push(Box::new(limit + 1));
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(rusqlite::params_from_iter(params.iter()))?;
+    let mut sessions = Vec::new();
+    while let Some(row) = rows.next()? {
+        sessions.push(session_from_row(row)?);
+    }
     let more = sessions.len() as i64 > limit;
     sessions.truncate(limit as usize);
     let next = if more {
@@ -149,27 +147,31 @@ pub(super) async fn list_sessions(pool: &SqlitePool, q: &SessionQuery) -> Result
     Ok(SessionPage { sessions, next })
 }
 
-pub(super) async fn insert_summary(
-    pool: &SqlitePool,
+pub(super) fn insert_summary(
+    conn: &Connection,
     tenant: &str,
     session: &str,
     s: &NewSummary,
 ) -> Result<Summary> {
     let created_at = Timestamp::now();
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO summaries (tenant, session_id, anchor_id, covers_until, text, token_count, \
-         model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-    )
-    .bind(tenant)
-    .bind(session)
-    .bind(s.anchor.0.to_vec())
-    .bind(s.covers_until)
-    .bind(&s.text)
-    .bind(s.token_count)
-    .bind(&s.model)
-    .bind(created_at.millis())
-    .fetch_one(pool)
-    .await?;
+    let id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO summaries (tenant, session_id, anchor_id, covers_until, text, \
+             token_count, model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+        )?
+        .query_row(
+            params![
+                tenant,
+                session,
+                s.anchor.0,
+                s.covers_until,
+                s.text,
+                s.token_count,
+                s.model,
+                created_at.millis()
+            ],
+            |row| row.get(0),
+        )?;
     Ok(Summary {
         id,
         anchor: s.anchor,
@@ -184,21 +186,21 @@ pub(super) async fn insert_summary(
 const SUMMARY_COLUMNS: &str =
     "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at";
 
-fn summary_from_row(row: &SqliteRow) -> Result<Summary> {
-    let anchor: Vec<u8> = row.try_get("anchor_id")?;
+fn summary_from_row(row: &Row<'_>) -> Result<Summary> {
+    let anchor: Vec<u8> = row.get("anchor_id")?;
     Ok(Summary {
-        id: row.try_get("id")?,
+        id: row.get("id")?,
         anchor: id_from_bytes(&anchor)?,
-        covers_until: row.try_get("covers_until")?,
-        text: row.try_get("text")?,
-        token_count: row.try_get("token_count")?,
-        model: row.try_get("model")?,
-        created_at: Timestamp(row.try_get("created_at")?),
+        covers_until: row.get("covers_until")?,
+        text: row.get("text")?,
+        token_count: row.get("token_count")?,
+        model: row.get("model")?,
+        created_at: Timestamp(row.get("created_at")?),
     })
 }
 
-pub(super) async fn latest_summary(
-    pool: &SqlitePool,
+pub(super) fn latest_summary(
+    conn: &Connection,
     tenant: &str,
     session: &str,
     leaf: Option<MessageId>,
@@ -219,21 +221,18 @@ pub(super) async fn latest_summary(
          WHERE x.tenant = ?1 AND x.session_id = ?2 \
          ORDER BY x.covers_until DESC, x.created_at DESC, x.id DESC LIMIT 1"
     );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(tenant)
-        .bind(session);
-    if let Some(leaf) = leaf {
-        q = q.bind(leaf.0.to_vec());
-    }
-    q.fetch_optional(pool)
-        .await?
-        .as_ref()
-        .map(summary_from_row)
-        .transpose()
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let found = match leaf {
+        Some(leaf) => stmt.query_row(params![tenant, session, leaf.0], |row| {
+            Ok(summary_from_row(row))
+        }),
+        None => stmt.query_row(params![tenant, session], |row| Ok(summary_from_row(row))),
+    };
+    found.optional()?.transpose()
 }
 
-pub(super) async fn list_summaries(
-    pool: &SqlitePool,
+pub(super) fn list_summaries(
+    conn: &Connection,
     tenant: &str,
     session: &str,
 ) -> Result<Vec<Summary>> {
@@ -241,10 +240,11 @@ pub(super) async fn list_summaries(
         "SELECT {SUMMARY_COLUMNS} FROM summaries x WHERE x.tenant = ? AND x.session_id = ? \
          ORDER BY x.created_at, x.id"
     );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(tenant)
-        .bind(session)
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(summary_from_row).collect()
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![tenant, session])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(summary_from_row(row)?);
+    }
+    Ok(out)
 }

@@ -1,10 +1,11 @@
 //! The message tree on SQLite: appending chains, walking a path up from a leaf, listing the
-//! leaves (branches), and the prefix lookup behind auto session matching.
+//! leaves (branches), and the prefix lookup behind auto matching. Plain functions on a
+//! connection; `append` runs inside the writer's transaction, the rest on a reader.
 
 use std::collections::HashMap;
 
-use sqlx::sqlite::{Sqlite, SqlitePool, SqliteRow};
-use sqlx::{QueryBuilder, Row};
+use rusqlite::types::ToSql;
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::super::next_head;
 use super::super::time::Timestamp;
@@ -12,23 +13,49 @@ use super::super::types::*;
 use crate::conversation::MessageId;
 use crate::{Error, Result};
 
-/// Bound parameters per IN list; well under SQLite's limit of 32766 variables.
+/// Ids per IN list; well under SQLite's limit of 32766 variables.
 const CHUNK: usize = 500;
+/// IN lists are padded (with repeats of their last id) to a multiple of this, so that the
+/// statement cache holds a few shapes instead of one per conversation length.
+const PAD: usize = 50;
 
-pub(super) async fn append(
-    pool: &SqlitePool,
+/// `?{first}, ?{first+1}, …` for an IN list of `n` ids, padded to [`PAD`]; and the padded length.
+fn in_list(first: usize, n: usize) -> (String, usize) {
+    let padded = n.div_ceil(PAD).max(1) * PAD;
+    let list = (first..first + padded)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (list, padded)
+}
+
+/// `leading` followed by `ids`, padded to `padded` ids by repeating the last one (a repeat in
+/// an IN list changes nothing).
+fn with_ids<'a>(
+    leading: &[&'a dyn ToSql],
+    ids: &'a [MessageId],
+    padded: usize,
+) -> Vec<&'a dyn ToSql> {
+    let mut params: Vec<&dyn ToSql> = Vec::with_capacity(leading.len() + padded);
+    params.extend_from_slice(leading);
+    params.extend(ids.iter().map(|id| &id.0 as &dyn ToSql));
+    if let Some(last) = ids.last() {
+        params.resize(leading.len() + padded, &last.0);
+    }
+    params
+}
+
+pub(super) fn append(
+    conn: &Connection,
     tenant: &str,
     session: &str,
     parent: Option<MessageId>,
     messages: &[NewMessage],
 ) -> Result<Vec<Appended>> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    let head: Option<Option<Vec<u8>>> =
-        sqlx::query_scalar("SELECT head_id FROM sessions WHERE tenant = ? AND id = ?")
-            .bind(tenant)
-            .bind(session)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let head: Option<Option<Vec<u8>>> = conn
+        .prepare_cached("SELECT head_id FROM sessions WHERE tenant = ? AND id = ?")?
+        .query_row(params![tenant, session], |row| row.get(0))
+        .optional()?;
     let Some(head) = head else {
         return Err(Error::NotFound(format!("session '{session}' not found")));
     };
@@ -37,15 +64,15 @@ pub(super) async fn append(
     let (mut seq, mut reply_seen) = match &parent {
         None => (0, false),
         Some(p) => {
-            let row: Option<(i64, bool)> = sqlx::query_as(
-                "SELECT seq, reply_in_prefix FROM messages \
-                 WHERE tenant = ? AND session_id = ? AND id = ?",
-            )
-            .bind(tenant)
-            .bind(session)
-            .bind(&p.0[..])
-            .fetch_optional(&mut *tx)
-            .await?;
+            let row: Option<(i64, bool)> = conn
+                .prepare_cached(
+                    "SELECT seq, reply_in_prefix FROM messages \
+                     WHERE tenant = ? AND session_id = ? AND id = ?",
+                )?
+                .query_row(params![tenant, session, p.0], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()?;
             let (s, r) = row.ok_or_else(|| {
                 Error::NotFound(format!("parent message {p} not in session '{session}'"))
             })?;
@@ -53,27 +80,30 @@ pub(super) async fn append(
         }
     };
 
-    // One lookup for what is already stored, so a resent history costs one query, not N.
+    // One lookup per 500 ids for what is already stored: a client resending its whole history
+    // every turn costs one query, and only the new messages are inserted.
+    let ids: Vec<MessageId> = messages.iter().map(|m| m.id).collect();
     let mut existing: HashMap<MessageId, bool> = HashMap::new();
-    for chunk in messages.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> =
-            QueryBuilder::new("SELECT id, reply_in_prefix FROM messages WHERE tenant = ");
-        qb.push_bind(tenant)
-            .push(" AND session_id = ")
-            .push_bind(session)
-            .push(" AND id IN (");
-        let mut list = qb.separated(", ");
-        for m in chunk {
-            list.push_bind(m.id.0.to_vec());
-        }
-        qb.push(")");
-        for row in qb.build().fetch_all(&mut *tx).await? {
-            let id: Vec<u8> = row.try_get("id")?;
-            existing.insert(id_from_bytes(&id)?, row.try_get("reply_in_prefix")?);
+    for chunk in ids.chunks(CHUNK) {
+        let (list, padded) = in_list(3, chunk.len());
+        let sql = format!(
+            "SELECT id, reply_in_prefix FROM messages \
+             WHERE tenant = ?1 AND session_id = ?2 AND id IN ({list})"
+        );
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut rows = stmt.query(&*with_ids(&[&tenant, &session], chunk, padded))?;
+        while let Some(row) = rows.next()? {
+            let id: Vec<u8> = row.get(0)?;
+            existing.insert(id_from_bytes(&id)?, row.get(1)?);
         }
     }
 
     let now = Timestamp::now().millis();
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO messages (tenant, session_id, id, parent_id, seq, origin, \
+         reply_in_prefix, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (tenant, session_id, id) DO NOTHING",
+    )?;
     let mut out = Vec::with_capacity(messages.len());
     let mut prev = parent;
     for m in messages {
@@ -86,23 +116,18 @@ pub(super) async fn append(
                 reply_seen = reply_seen || m.origin == Origin::Reply;
                 let body = serde_json::to_string(&m.body)
                     .map_err(|e| Error::Internal(format!("message body: {e}")))?;
-                let done = sqlx::query(
-                    "INSERT INTO messages (tenant, session_id, id, parent_id, seq, origin, \
-                     reply_in_prefix, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                     ON CONFLICT (tenant, session_id, id) DO NOTHING",
-                )
-                .bind(tenant)
-                .bind(session)
-                .bind(m.id.0.to_vec())
-                .bind(prev.map(|p| p.0.to_vec()))
-                .bind(seq)
-                .bind(m.origin.as_str())
-                .bind(reply_seen)
-                .bind(body)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                done.rows_affected() == 1
+                let done = insert.execute(params![
+                    tenant,
+                    session,
+                    m.id.0,
+                    prev.map(|p| p.0),
+                    seq,
+                    m.origin.as_str(),
+                    reply_seen,
+                    body,
+                    now
+                ])?;
+                done == 1
             }
         };
         out.push(Appended { id: m.id, seq, new });
@@ -114,36 +139,30 @@ pub(super) async fn append(
     let last = prev;
     let last_is_leaf = match (&last, any_new) {
         (Some(last), false) => {
-            let child: Option<i64> = sqlx::query_scalar(
-                "SELECT 1 FROM messages WHERE tenant = ? AND session_id = ? AND parent_id = ? \
-                 LIMIT 1",
-            )
-            .bind(tenant)
-            .bind(session)
-            .bind(&last.0[..])
-            .fetch_optional(&mut *tx)
-            .await?;
+            let child: Option<i64> = conn
+                .prepare_cached(
+                    "SELECT 1 FROM messages WHERE tenant = ? AND session_id = ? \
+                     AND parent_id = ? LIMIT 1",
+                )?
+                .query_row(params![tenant, session, last.0], |row| row.get(0))
+                .optional()?;
             child.is_none()
         }
         _ => true,
     };
     let new_head = next_head(head, last, any_new, last_is_leaf);
     if any_new || new_head != head {
-        sqlx::query("UPDATE sessions SET head_id = ?, updated_at = ? WHERE tenant = ? AND id = ?")
-            .bind(new_head.map(|h| h.0.to_vec()))
-            .bind(now)
-            .bind(tenant)
-            .bind(session)
-            .execute(&mut *tx)
-            .await?;
+        conn.prepare_cached(
+            "UPDATE sessions SET head_id = ?, updated_at = ? WHERE tenant = ? AND id = ?",
+        )?
+        .execute(params![new_head.map(|h| h.0), now, tenant, session])?;
     }
-    tx.commit().await?;
     Ok(out)
 }
 
 /// The path ending at `leaf` (`None`: the session's head), root first.
-pub(super) async fn path(
-    pool: &SqlitePool,
+pub(super) fn path(
+    conn: &Connection,
     tenant: &str,
     session: &str,
     leaf: Option<MessageId>,
@@ -165,69 +184,61 @@ pub(super) async fn path(
            WHERE m.tenant = ?1 AND m.session_id = ?2) \
          SELECT id, parent_id, seq, origin, body, created_at FROM path ORDER BY seq"
     );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(tenant)
-        .bind(session);
-    if let Some(leaf) = leaf {
-        q = q.bind(leaf.0.to_vec());
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = match leaf {
+        Some(leaf) => stmt.query(params![tenant, session, leaf.0])?,
+        None => stmt.query(params![tenant, session])?,
+    };
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(message_from_row(row)?);
     }
-    q.fetch_all(pool)
-        .await?
-        .iter()
-        .map(message_from_row)
-        .collect()
+    Ok(out)
 }
 
-fn message_from_row(row: &SqliteRow) -> Result<StoredMessage> {
-    let id: Vec<u8> = row.try_get("id")?;
-    let parent: Option<Vec<u8>> = row.try_get("parent_id")?;
-    let origin: String = row.try_get("origin")?;
-    let body: String = row.try_get("body")?;
+fn message_from_row(row: &Row<'_>) -> Result<StoredMessage> {
+    let id: Vec<u8> = row.get("id")?;
+    let parent: Option<Vec<u8>> = row.get("parent_id")?;
+    let origin: String = row.get("origin")?;
+    let body: String = row.get("body")?;
     Ok(StoredMessage {
         id: id_from_bytes(&id)?,
         parent: parent.as_deref().map(id_from_bytes).transpose()?,
-        seq: row.try_get("seq")?,
+        seq: row.get("seq")?,
         origin: Origin::parse(&origin),
         body: serde_json::from_str(&body)
             .map_err(|e| Error::Internal(format!("stored message body is not JSON: {e}")))?,
-        created_at: Timestamp(row.try_get("created_at")?),
+        created_at: Timestamp(row.get("created_at")?),
     })
 }
 
-pub(super) async fn branches(
-    pool: &SqlitePool,
-    tenant: &str,
-    session: &str,
-) -> Result<Vec<Branch>> {
-    let rows = sqlx::query(
+pub(super) fn branches(conn: &Connection, tenant: &str, session: &str) -> Result<Vec<Branch>> {
+    let mut stmt = conn.prepare_cached(
         "SELECT m.id, m.seq, m.created_at, (m.id = s.head_id) AS is_head \
          FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
          WHERE m.tenant = ? AND m.session_id = ? AND NOT EXISTS ( \
            SELECT 1 FROM messages c \
            WHERE c.tenant = m.tenant AND c.session_id = m.session_id AND c.parent_id = m.id) \
          ORDER BY m.created_at DESC, m.seq DESC",
-    )
-    .bind(tenant)
-    .bind(session)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| {
-            let id: Vec<u8> = row.try_get("id")?;
-            let seq: i64 = row.try_get("seq")?;
-            let is_head: Option<bool> = row.try_get("is_head")?;
-            Ok(Branch {
-                id: id_from_bytes(&id)?,
-                messages: seq + 1,
-                updated_at: Timestamp(row.try_get("created_at")?),
-                head: is_head.unwrap_or(false),
-            })
-        })
-        .collect()
+    )?;
+    let mut rows = stmt.query(params![tenant, session])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let id: Vec<u8> = row.get("id")?;
+        let seq: i64 = row.get("seq")?;
+        let is_head: Option<bool> = row.get("is_head")?;
+        out.push(Branch {
+            id: id_from_bytes(&id)?,
+            messages: seq + 1,
+            updated_at: Timestamp(row.get("created_at")?),
+            head: is_head.unwrap_or(false),
+        });
+    }
+    Ok(out)
 }
 
-pub(super) async fn find_by_prefix(
-    pool: &SqlitePool,
+pub(super) fn find_by_prefix(
+    conn: &Connection,
     tenant: &str,
     scope: &Scope,
     ids: &[MessageId],
@@ -235,36 +246,32 @@ pub(super) async fn find_by_prefix(
     // Best over all chunks by (matched length, session updated_at).
     let mut best: Option<(i64, i64, String)> = None;
     for chunk in ids.chunks(CHUNK) {
-        let mut qb: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
-             FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
-             WHERE m.tenant = ",
-        );
-        qb.push_bind(tenant)
-            .push(" AND s.key_hash IS ")
-            .push_bind(scope.key_hash.clone())
-            .push(" AND s.user_id IS ")
-            .push_bind(scope.user.clone())
-            .push(" AND m.reply_in_prefix = 1 AND m.id IN (");
-        let mut list = qb.separated(", ");
-        for id in chunk {
-            list.push_bind(id.0.to_vec());
-        }
+        let (list, padded) = in_list(4, chunk.len());
         // `+m.session_id`: without it SQLite walks a whole tenant's messages in an index that
         // is ordered by session (to group without sorting) instead of looking the ids up.
-        qb.push(
-            ") GROUP BY +m.session_id, s.updated_at \
-             ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1",
+        let sql = format!(
+            "SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
+             FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
+             WHERE m.tenant = ?1 AND s.key_hash IS ?2 AND s.user_id IS ?3 \
+             AND m.reply_in_prefix = 1 AND m.id IN ({list}) \
+             GROUP BY +m.session_id, s.updated_at \
+             ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1"
         );
-        if let Some(row) = qb.build().fetch_optional(pool).await? {
-            let cand: (i64, i64, String) = (
-                row.try_get("matched")?,
-                row.try_get("updated_at")?,
-                row.try_get("session_id")?,
-            );
-            if best.as_ref().is_none_or(|b| (cand.0, cand.1) > (b.0, b.1)) {
-                best = Some(cand);
-            }
+        let params = with_ids(&[&tenant, &scope.key_hash, &scope.user], chunk, padded);
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let row = stmt
+            .query_row(&*params, |row| {
+                Ok((
+                    row.get::<_, i64>("matched")?,
+                    row.get::<_, i64>("updated_at")?,
+                    row.get::<_, String>("session_id")?,
+                ))
+            })
+            .optional()?;
+        if let Some(cand) = row
+            && best.as_ref().is_none_or(|b| (cand.0, cand.1) > (b.0, b.1))
+        {
+            best = Some(cand);
         }
     }
     Ok(best.map(|(seq, _, session_id)| PrefixMatch {

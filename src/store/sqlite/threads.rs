@@ -1,0 +1,286 @@
+//! The threads that own the SQLite connections, and the hand-off to them from async code.
+//!
+//! One writer thread owns the only write connection. Each job is one whole store operation (a
+//! closure over the connection); the writer takes every job already queued (up to
+//! [`MAX_BATCH`]), runs them in one `BEGIN IMMEDIATE` transaction, each inside its own
+//! `SAVEPOINT` (a failing job is rolled back to it and keeps its error, the others go on),
+//! commits once and only then answers. Each job stays atomic and isolated; the batch shares one
+//! WAL write and one commit.
+//!
+//! Reader threads (for a file database) each own a connection and pull jobs from one shared
+//! queue; WAL lets them read beside the writer. For an in-memory database there is one
+//! connection, so reads queue on the writer too.
+//!
+//! Answers come back on a oneshot channel: one hand-off per store call, and no tokio worker
+//! ever blocks on SQLite.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use super::open::Target;
+use crate::{Error, Result};
+
+/// Most jobs one commit covers: bounds how long the first job of a batch waits for its answer.
+const MAX_BATCH: usize = 64;
+
+/// A read: runs on some reader's connection and sends its own answer.
+type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
+
+/// A write, run inside the writer's transaction; answered only once the batch is settled.
+trait WriteJob: Send {
+    /// Runs the job; `true` if it succeeded (its changes are to be kept).
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Sends the answer. `lost`: the batch did not commit, for this reason.
+    fn answer(self: Box<Self>, lost: Option<&str>);
+}
+
+struct Pending<T, F> {
+    work: Option<F>,
+    result: Option<Result<T>>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> WriteJob for Pending<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(work) = self.work.take() else {
+            return false;
+        };
+        let result = guarded(|| work(conn));
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn answer(self: Box<Self>, lost: Option<&str>) {
+        let result = match (self.result, lost) {
+            // A job that failed keeps its own error: its changes were undone either way.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(v)), None) => Ok(v),
+            (_, Some(reason)) => Err(Error::StoreUnavailable(reason.to_string())),
+            (None, None) => Err(Error::Internal("a store job was never run".into())),
+        };
+        // The caller may have gone away (its request was cancelled): nothing to tell.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// Runs a job, turning a panic into an error so that one bad job cannot kill a thread.
+fn guarded<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(work))
+        .unwrap_or_else(|_| Err(Error::Internal("a store operation panicked".into())))
+}
+
+fn closed() -> Error {
+    Error::StoreUnavailable("the SQLite store is closed".into())
+}
+
+struct Queues {
+    write: Sender<Box<dyn WriteJob>>,
+    /// `None` for an in-memory database: reads go to the writer.
+    read: Option<Sender<ReadJob>>,
+}
+
+/// The running threads of one store.
+pub(super) struct Threads {
+    /// Taken (dropped) by `close`: the threads finish what is queued, then exit.
+    queues: RwLock<Option<Queues>>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// An in-memory database has one connection: the writer's.
+    reads_on_writer: bool,
+}
+
+impl Threads {
+    /// Starts the writer (which opens the database first) and `readers` reader threads.
+    pub(super) async fn start(target: Target, readers: usize) -> Result<Threads> {
+        let (write, write_jobs) = unbounded::<Box<dyn WriteJob>>();
+        let mut handles = Vec::new();
+        let (opened, writer_ready) = oneshot::channel();
+        let writer_target = target.clone();
+        handles.push(spawn("ctxproxy-sqlite-writer", move || {
+            let conn = match writer_target.open_writer() {
+                Ok(conn) => conn,
+                Err(e) => {
+                    let _ = opened.send(Err(e));
+                    return;
+                }
+            };
+            let _ = opened.send(Ok(()));
+            write_loop(&conn, &write_jobs);
+        })?);
+        writer_ready.await.map_err(|_| closed())??;
+
+        let read = if target.in_memory() {
+            None
+        } else {
+            let (read, read_jobs) = unbounded::<ReadJob>();
+            for n in 0..readers.max(1) {
+                let (opened, ready) = oneshot::channel();
+                let (target, jobs) = (target.clone(), read_jobs.clone());
+                handles.push(spawn(&format!("ctxproxy-sqlite-reader-{n}"), move || {
+                    let conn = match target.open_reader() {
+                        Ok(conn) => conn,
+                        Err(e) => {
+                            let _ = opened.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = opened.send(Ok(()));
+                    while let Ok(job) = jobs.recv() {
+                        job(&conn);
+                    }
+                })?);
+                ready.await.map_err(|_| closed())??;
+            }
+            Some(read)
+        };
+        Ok(Threads {
+            queues: RwLock::new(Some(Queues { write, read })),
+            handles: Mutex::new(handles),
+            reads_on_writer: target.in_memory(),
+        })
+    }
+
+    /// Runs `work` as one atomic write (batched with whatever else is queued).
+    pub(super) async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Pending {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        {
+            let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+            let queues = queues.as_ref().ok_or_else(closed)?;
+            queues.write.send(job).map_err(|_| closed())?;
+        }
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Runs `work` on a reader connection (on the writer for an in-memory database).
+    pub(super) async fn read<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        if self.reads_on_writer {
+            return self.write(work).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let job: ReadJob = Box::new(move |conn| {
+            let _ = reply.send(guarded(|| work(conn)));
+        });
+        {
+            let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+            let read = queues.as_ref().and_then(|q| q.read.as_ref());
+            read.ok_or_else(closed)?.send(job).map_err(|_| closed())?;
+        }
+        answer.await.map_err(|_| closed())?
+    }
+
+    /// Stops taking jobs, lets the threads finish what is queued and waits for them to exit.
+    pub(super) async fn close(&self) {
+        drop(
+            self.queues
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        let handles = std::mem::take(&mut *self.handles.lock().unwrap_or_else(|p| p.into_inner()));
+        // Joining blocks: not on a tokio worker.
+        let _ = tokio::task::spawn_blocking(move || {
+            for handle in handles {
+                let _ = handle.join();
+            }
+        })
+        .await;
+    }
+}
+
+fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(body)
+        .map_err(|e| Error::StoreUnavailable(format!("cannot start {name}: {e}")))
+}
+
+/// Until every sender is gone: take what is queued, run it as one batch.
+fn write_loop(conn: &Connection, jobs: &Receiver<Box<dyn WriteJob>>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = VecDeque::with_capacity(8);
+        batch.push_back(first);
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push_back(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(conn, batch);
+    }
+}
+
+/// Runs a batch in as few transactions as possible: one, unless SQLite itself rolls one back
+/// (an I/O error, a full disk), when the jobs of that transaction are lost and the rest start a
+/// new one.
+fn run_batch(conn: &Connection, mut batch: VecDeque<Box<dyn WriteJob>>) {
+    while !batch.is_empty() {
+        if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
+            let reason = e.to_string();
+            for job in batch.drain(..) {
+                job.answer(Some(&reason));
+            }
+            return;
+        }
+        let mut group = Vec::with_capacity(batch.len());
+        let mut lost = None;
+        while let Some(mut job) = batch.pop_front() {
+            if let Err(e) = exec(conn, "SAVEPOINT job") {
+                lost = Some(e.to_string());
+                group.push(job);
+                break;
+            }
+            let ok = job.run(conn);
+            group.push(job);
+            if conn.is_autocommit() {
+                lost = Some("SQLite rolled the transaction back".to_string());
+                break;
+            }
+            let end = if ok {
+                exec(conn, "RELEASE job")
+            } else {
+                exec(conn, "ROLLBACK TO job").and_then(|()| exec(conn, "RELEASE job"))
+            };
+            if let Err(e) = end {
+                lost = Some(e.to_string());
+                break;
+            }
+        }
+        if lost.is_none() {
+            lost = exec(conn, "COMMIT").err().map(|e| e.to_string());
+        }
+        if lost.is_some() && !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        for job in group {
+            job.answer(lost.as_deref());
+        }
+    }
+}
+
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
