@@ -301,6 +301,7 @@ async fn prepare(
         session::history::Incoming {
             messages: incoming,
             ids: (!auto_ids.is_empty()).then_some(auto_ids),
+            stored_prefix: resolved.stored_prefix,
         },
         true,
     )

@@ -99,6 +99,7 @@ async fn preview(
             session::history::Incoming {
                 messages: incoming,
                 ids: None,
+                stored_prefix: 0,
             },
             false,
         )

@@ -28,6 +28,9 @@ pub struct Assembled {
 pub struct Incoming {
     pub messages: Vec<Value>,
     pub ids: Option<Vec<MessageId>>,
+    /// How many leading messages are known to be stored already (client mode, found by auto
+    /// matching): only the rest is handed to the store.
+    pub stored_prefix: usize,
 }
 
 /// Where the stored history for a server-mode request comes from.
@@ -52,6 +55,7 @@ pub async fn assemble(
     let Incoming {
         messages: incoming,
         ids: incoming_ids,
+        stored_prefix,
     } = incoming;
     let base = match (mode, base) {
         (_, Some(b)) => Some(b),
@@ -68,9 +72,13 @@ pub async fn assemble(
         let ids = incoming_ids
             .filter(|ids| ids.len() == incoming.len())
             .unwrap_or_else(|| chain_ids(&incoming));
-        let new = chain_messages(&incoming, &ids);
         if write {
-            store.append_messages(tenant, session, None, &new).await?;
+            // The last message always goes, even when stored: appending an existing leaf is
+            // what moves the head back to a branch the client returned to.
+            let skip = stored_prefix.min(ids.len().saturating_sub(1));
+            let parent = skip.checked_sub(1).map(|i| ids[i]);
+            let new = chain_messages(&incoming[skip..], &ids[skip..]);
+            store.append_messages(tenant, session, parent, &new).await?;
         }
         return Ok(Assembled {
             reply_parent: ids.last().copied(),

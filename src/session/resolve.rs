@@ -30,6 +30,8 @@ pub struct Resolved {
     pub source: Source,
     /// For `previous_response_id`: the message the response ended on.
     pub anchor: Option<MessageId>,
+    /// For auto matching: how many leading incoming messages the session already stores.
+    pub stored_prefix: usize,
 }
 
 /// What the request says about its session.
@@ -77,6 +79,7 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
             id: id.to_string(),
             source: Source::Header,
             anchor: None,
+            stored_prefix: 0,
         });
     }
     if let Some(id) = hints.metadata_session_id {
@@ -92,6 +95,7 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
             id: id.to_string(),
             source: Source::Metadata,
             anchor: None,
+            stored_prefix: 0,
         });
     }
     if let Some((session, anchor)) = hints.previous_response {
@@ -99,6 +103,7 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
             id: session,
             source: Source::PreviousResponse,
             anchor: Some(anchor),
+            stored_prefix: 0,
         });
     }
     if tenant.file.session.auto
@@ -111,12 +116,14 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
             id: found.session_id,
             source: Source::Auto,
             anchor: None,
+            stored_prefix: found.matched_len.min(hints.ids.len()),
         });
     }
     Ok(Resolved {
         id: uuid::Uuid::now_v7().to_string(),
         source: Source::New,
         anchor: None,
+        stored_prefix: 0,
     })
 }
 
