@@ -4,17 +4,28 @@
 //! whose concatenation has the lowest rank (the leftmost one on a tie), stop when no adjacent
 //! pair is a token. Most pieces are whole tokens, which one lookup settles.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use super::vocab::Vocab;
 
 /// No merge: the pair is not a token.
 const NONE: u32 = u32::MAX;
+
+/// Above this many bytes a piece is merged with a heap, whose O(n log n) beats the scan's O(n²)
+/// (a run of thousands of letters is one piece, and could otherwise stall a worker).
+const SCAN_MAX_BYTES: usize = 256;
 
 /// The number of tokens `piece` encodes to.
 pub fn count_piece(vocab: &Vocab, piece: &[u8]) -> usize {
     if piece.len() <= 1 || vocab.rank(piece).is_some() {
         return piece.len().min(1);
     }
-    merge(vocab, piece)
+    if piece.len() <= SCAN_MAX_BYTES {
+        merge(vocab, piece)
+    } else {
+        merge_long(vocab, piece)
+    }
 }
 
 /// `parts[i]` is where part `i` starts (the last entry is the end of the piece), and `rank[i]`
@@ -66,6 +77,56 @@ fn merge(vocab: &Vocab, piece: &[u8]) -> usize {
     parts.len() - 1
 }
 
+/// The same merges as [`merge`], in the same order: a heap of (rank, start) pops the lowest
+/// rank, leftmost first, and entries left stale by a merge are skipped when popped. Parts are a
+/// linked list over byte positions.
+fn merge_long(vocab: &Vocab, piece: &[u8]) -> usize {
+    let n = piece.len();
+    // next[i] / prev[i]: where the parts after / before the part starting at i start
+    let mut next: Vec<usize> = (1..=n).collect();
+    let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+    let mut alive = vec![true; n];
+    let mut heap = BinaryHeap::with_capacity(n);
+    let rank_of = |start: usize, next: &[usize]| -> u32 {
+        let second = next[start];
+        if second >= n {
+            return NONE;
+        }
+        vocab.rank(&piece[start..next[second]]).unwrap_or(NONE)
+    };
+    let mut pair: Vec<u32> = (0..n).map(|i| rank_of(i, &next)).collect();
+    for (i, &rank) in pair.iter().enumerate() {
+        if rank != NONE {
+            heap.push(Reverse((rank, i)));
+        }
+    }
+    let mut parts = n;
+    while let Some(Reverse((rank, start))) = heap.pop() {
+        if !alive[start] || pair[start] != rank {
+            continue;
+        }
+        let absorbed = next[start];
+        alive[absorbed] = false;
+        next[start] = next[absorbed];
+        if next[start] < n {
+            prev[next[start]] = start;
+        }
+        parts -= 1;
+        pair[start] = rank_of(start, &next);
+        if pair[start] != NONE {
+            heap.push(Reverse((pair[start], start)));
+        }
+        let before = prev[start];
+        if before < n {
+            pair[before] = rank_of(before, &next);
+            if pair[before] != NONE {
+                heap.push(Reverse((pair[before], before)));
+            }
+        }
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,5 +150,23 @@ mod tests {
         assert_eq!(count_piece(&v, b"cab"), 2);
         // "aab": a|ab
         assert_eq!(count_piece(&v, b"aab"), 2);
+    }
+
+    #[test]
+    fn heap_merge_equals_scan_merge() {
+        let v = vocab();
+        let texts: [&[u8]; 6] = [
+            b"ab",
+            b"abcabc",
+            b"bca",
+            b"cab",
+            b"aab",
+            b"aaaabbbbccccabcbcabbca",
+        ];
+        for t in texts {
+            assert_eq!(merge_long(&v, t), merge(&v, t), "{t:?}");
+        }
+        let long = b"abcab".repeat(200);
+        assert_eq!(merge_long(&v, &long), merge(&v, &long));
     }
 }
