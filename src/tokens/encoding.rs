@@ -1,10 +1,61 @@
-//! The tokenizers a model can use, and plain-text counting with each. Counting uses GitHub's
-//! `bpe-openai`, which gives the same counts as tiktoken (tests/token_counts.rs checks it against
-//! Python tiktoken, tests/token_counts_bpe.rs against tiktoken-rs on random text) at about twice
-//! the speed; counting dominates a cold pipeline run. Its encoders are process-wide singletons,
-//! built on first use.
+//! The tokenizers a model can use, and plain-text counting with each. o200k_base and cl100k_base
+//! count exactly like tiktoken (tests/token_counts.rs checks against Python tiktoken,
+//! tests/token_counts_bpe.rs against tiktoken-rs on random text): tiktoken's split
+//! ([`super::pretokenize`]) then BPE ([`super::bpe`]) over a compact vocabulary
+//! ([`super::vocab`]). Each encoding is built once per process, on first use, from OpenAI's
+//! `.tiktoken` file compiled into the binary (`assets/`, as published; sha256 in assets/README.md).
+
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
+
+use super::bpe::count_piece;
+use super::pretokenize::{CL100K_PIECES, O200K_PIECES, Splitter};
+use super::vocab::Vocab;
+
+/// A vocabulary and the split that goes with it.
+struct Tokenizer {
+    vocab: Vocab,
+    splitter: Splitter,
+}
+
+impl Tokenizer {
+    // The files and patterns are compiled in and checked by the tests, so failing here is a
+    // build defect, not bad input.
+    fn build(file: &[u8], pieces: &str) -> Tokenizer {
+        Tokenizer {
+            vocab: Vocab::parse(file).expect("compiled-in .tiktoken file parses"),
+            splitter: Splitter::new(pieces).expect("compiled-in split pattern compiles"),
+        }
+    }
+
+    fn count(&self, text: &str) -> u64 {
+        self.splitter
+            .pieces(text)
+            .map(|piece| count_piece(&self.vocab, piece.as_bytes()) as u64)
+            .sum()
+    }
+}
+
+fn o200k_base() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        Tokenizer::build(
+            include_bytes!("../../assets/o200k_base.tiktoken"),
+            O200K_PIECES,
+        )
+    })
+}
+
+fn cl100k_base() -> &'static Tokenizer {
+    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+    TOKENIZER.get_or_init(|| {
+        Tokenizer::build(
+            include_bytes!("../../assets/cl100k_base.tiktoken"),
+            CL100K_PIECES,
+        )
+    })
+}
 
 /// How a model's text is turned into tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -35,8 +86,8 @@ impl Encoding {
             return 0;
         }
         match self {
-            Encoding::O200kBase => bpe_openai::o200k_base().count(text) as u64,
-            Encoding::Cl100kBase => bpe_openai::cl100k_base().count(text) as u64,
+            Encoding::O200kBase => o200k_base().count(text),
+            Encoding::Cl100kBase => cl100k_base().count(text),
             Encoding::Approximate => (text.chars().count() as u64).div_ceil(4),
         }
     }

@@ -9,9 +9,12 @@
 //!  + (tool_call_id ? tokens(tool_call_id) : 0)`;
 //! a request is the sum plus 3, plus the tokens of the `tools` JSON when given.
 
+pub mod bpe;
 pub mod cache;
 pub mod encoding;
 pub mod models;
+pub mod pretokenize;
+pub mod vocab;
 
 use std::sync::Arc;
 
