@@ -19,14 +19,7 @@ fn sample(metrics: &str, prefix: &str) -> Option<f64> {
 }
 
 async fn scrape(proxy: &Proxy) -> String {
-    client()
-        .get(proxy.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    proxy.metrics_text().await
 }
 
 #[tokio::test]

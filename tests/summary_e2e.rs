@@ -90,14 +90,7 @@ async fn settle(proxy: &Proxy) {
 /// A counter's value from the proxy's `/metrics` (0 when absent). The registry is per test
 /// process, so other tests' jobs may add to it: assert lower bounds only.
 async fn counter(proxy: &Proxy, series: &str) -> f64 {
-    let text = client()
-        .get(proxy.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = proxy.metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix(series))
         .and_then(|v| v.trim().parse().ok())

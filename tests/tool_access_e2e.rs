@@ -234,14 +234,7 @@ async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
         v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_account_balance",
         "the client decides what to do with it"
     );
-    let metrics = client()
-        .get(proxy.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = proxy.metrics_text().await;
     let line = metrics
         .lines()
         .find(|l| l.starts_with("ctxproxy_rewrites_total{reason=\"tool_access\"}"))

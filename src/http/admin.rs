@@ -96,10 +96,7 @@ pub async fn messages(
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
-    state.pending.settle_session(&tenant, &session).await;
-    if state.store.get_session(&tenant, &session).await?.is_none() {
-        return Err(not_found(&tenant, &session));
-    }
+    existing_session(&state, &tenant, &session).await?;
     let stored = match q.branch {
         None => state.store.head_branch(&tenant, &session).await?,
         Some(b) => {
@@ -133,10 +130,7 @@ pub async fn requests(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
-    state.pending.settle_session(&tenant, &session).await;
-    if state.store.get_session(&tenant, &session).await?.is_none() {
-        return Err(not_found(&tenant, &session));
-    }
+    existing_session(&state, &tenant, &session).await?;
     let records = state.store.list_requests(&tenant, &session).await?;
     Ok(Json(
         serde_json::to_value(records).map_err(|e| Error::Internal(e.to_string()))?,
@@ -159,6 +153,16 @@ pub async fn delete_session(
             .into_response())
     } else {
         Err(not_found(&tenant, &session))
+    }
+}
+
+/// Waits for this process's pending writes to the session (`session::pending`), then fails with
+/// 404 unless it exists.
+async fn existing_session(state: &AppState, tenant: &str, session: &str) -> Result<()> {
+    state.pending.settle_session(tenant, session).await;
+    match state.store.get_session(tenant, session).await? {
+        Some(_) => Ok(()),
+        None => Err(not_found(tenant, session)),
     }
 }
 

@@ -92,6 +92,18 @@ pub fn write_config(dir: &Path, opts: &ProxyOptions, upstream: &str) -> PathBuf 
 }
 
 impl Proxy {
+    /// The proxy's `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// The proxy's store, once every reply it already answered with is written (non-streamed
     /// replies are written after their answer goes out; the admin API waits the same way).
     pub async fn store(&self) -> Arc<dyn ctxproxy::store::Store> {
