@@ -106,7 +106,7 @@ async fn metrics_show_every_family_with_sane_values() {
     assert!(
         sample(
             &m,
-            "ctxproxy_store_duration_seconds_count{op=\"insert_request\"}"
+            "ctxproxy_store_duration_seconds_count{op=\"close_turn\"}"
         )
         .unwrap()
             >= 4.0

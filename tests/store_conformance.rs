@@ -12,6 +12,8 @@ mod leases;
 mod pg;
 #[path = "store_conformance/tree.rs"]
 mod tree;
+#[path = "store_conformance/turns.rs"]
+mod turns;
 
 use std::sync::Arc;
 
@@ -103,6 +105,10 @@ conformance!(
     leases::session_lease_is_exclusive_and_expired_one_is_taken_over,
     leases::session_lease_serialises_turns_across_two_stores,
     leases::lost_database_is_store_unavailable,
+    turns::a_turn_stores_request_reply_record_and_response_id,
+    turns::a_turn_waits_for_the_lease_before_appending,
+    turns::a_failed_open_holds_nothing,
+    turns::a_failing_reply_still_leaves_the_record_and_frees_the_lease,
 );
 
 /// A chat message with the given role and text.

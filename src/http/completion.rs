@@ -16,7 +16,7 @@ use crate::context::Report;
 use crate::conversation::MessageId;
 use crate::metrics;
 use crate::session::SessionLock;
-use crate::store::{NewMessage, NewRequestRecord, Origin};
+use crate::store::{Append, NewMessage, NewRequestRecord, Origin, TurnClose};
 use crate::upstream::reply::Reply;
 
 /// The stored side of one managed request, finished once its answer is complete.
@@ -101,41 +101,19 @@ impl Completion {
         new: Vec<NewMessage>,
         upstream: Option<Duration>,
     ) {
-        let store = self.state.store.clone();
-        let mut head = self.reply_parent;
         if let (Some(reply), Some(allowed)) = (reply, &self.allowed) {
             flag_forbidden_calls(reply, allowed);
         }
-        if let (Some(reply), false) = (reply, new.is_empty()) {
-            let t = Instant::now();
-            match store
-                .append_messages(&self.tenant, &self.session, self.reply_parent, &new)
-                .await
-            {
-                Ok(_) => head = new.last().map(|m| m.id).or(head),
-                Err(e) => {
-                    metrics::store_error();
-                    tracing::error!(error = %e, "could not store the reply");
-                }
-            }
-            metrics::store_op("append_reply", t.elapsed());
-            if self.endpoint == Endpoint::Responses
-                && let (Some(id), Some(message)) = (&reply.id, head)
-                && let Err(e) = store
-                    .record_response(&self.tenant, id, &self.session, message)
-                    .await
-            {
-                metrics::store_error();
-                tracing::error!(error = %e, "could not record the response id");
-            }
-        }
+        let response_id = reply
+            .filter(|_| self.endpoint == Endpoint::Responses)
+            .and_then(|r| r.id.clone());
         let choices = reply
             .filter(|r| r.choices.len() > 1)
             .map(|r| Value::Array(r.choices.clone()));
         let record = NewRequestRecord {
             tenant: self.tenant.clone(),
             session: self.session.clone(),
-            head,
+            head: self.reply_parent,
             endpoint: self.endpoint.as_str().to_string(),
             model: Some(self.model.clone()),
             status: status.as_u16(),
@@ -150,14 +128,21 @@ impl Completion {
                 .and_then(|r| serde_json::to_value(r).ok()),
             choices,
         };
+        let close = TurnClose {
+            reply: (!new.is_empty()).then_some(Append {
+                parent: self.reply_parent,
+                messages: new,
+            }),
+            response_id,
+            record,
+            lease: self.lock.take().and_then(SessionLock::into_lease),
+        };
         let t = Instant::now();
-        if let Err(e) = store.insert_request(&record).await {
+        let closed = self.state.store.close_turn(close).await;
+        metrics::store_op("close_turn", t.elapsed());
+        for (what, e) in closed.failures {
             metrics::store_error();
-            tracing::error!(error = %e, "could not store the request record");
-        }
-        metrics::store_op("insert_request", t.elapsed());
-        if let Some(lock) = self.lock.take() {
-            lock.release().await;
+            tracing::error!(error = %e, "could not {what}");
         }
         if let Some(job) = self.summary_job.take() {
             job.spawn();

@@ -23,7 +23,7 @@ use crate::config::{Config, HistoryMode, Selected, Tenant};
 use crate::context::Report;
 use crate::conversation::chain_ids;
 use crate::error::{Error, Result};
-use crate::session::{self, SessionLock};
+use crate::session;
 use crate::store::Scope;
 use crate::upstream::headers::bearer;
 use crate::upstream::reply::{ApiKind, Reply};
@@ -262,8 +262,14 @@ async fn prepare(
     } else {
         Vec::new()
     };
+    // Only a conversation that may hold a reply can match a stored one.
+    let lookup_ids = if session::resolve::may_hold_reply(&incoming) {
+        auto_ids.as_slice()
+    } else {
+        &[]
+    };
     // Auto matching must see the replies this process already answered with.
-    state.pending.settle(&auto_ids, None).await;
+    state.pending.settle(lookup_ids, None).await;
     let resolved = session::resolve(
         store,
         tenant,
@@ -272,30 +278,23 @@ async fn prepare(
             metadata_session_id: call.metadata_session_id(),
             previous_response: previous,
             scope: &scope,
-            ids: &auto_ids,
+            ids: lookup_ids,
         },
     )
     .await?;
     if resolved.anchor.is_some() {
         call.clear_previous_response_id();
     }
-    store
-        .get_or_create_session(&tenant.name, &resolved.id, &scope)
-        .await?;
-    let timeout = Duration::from_secs(tenant.file.upstream.timeout_s);
-    let lock = SessionLock::acquire(
-        state.store.clone(),
-        &tenant.name,
-        &resolved.id,
-        LEASE_TTL,
-        timeout,
-    )
-    .await?;
     let t = Instant::now();
-    let assembled = session::assemble(
-        store,
-        &tenant.name,
-        &resolved.id,
+    let (lock, assembled) = session::turn::open(
+        &state.store,
+        session::turn::Target {
+            tenant: &tenant.name,
+            session: &resolved.id,
+            scope: &scope,
+            ttl: LEASE_TTL,
+            wait: Duration::from_secs(tenant.file.upstream.timeout_s),
+        },
         mode,
         resolved.anchor.map(session::history::Base::At),
         session::history::Incoming {
@@ -303,10 +302,9 @@ async fn prepare(
             ids: (!auto_ids.is_empty()).then_some(auto_ids),
             stored_prefix: resolved.stored_prefix,
         },
-        true,
     )
     .await?;
-    crate::metrics::store_op("append_request", t.elapsed());
+    crate::metrics::store_op("open_turn", t.elapsed());
 
     let rewritten = rewrite::rewrite(
         state,

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::config::HistoryMode;
 use crate::conversation::{MessageId, chain_ids, message_id};
 use crate::error::Result;
-use crate::store::{NewMessage, Origin, Store};
+use crate::store::{Append, NewMessage, Origin, Store};
 
 /// The conversation assembled for one request.
 #[derive(Debug, Clone)]
@@ -52,11 +52,6 @@ pub async fn assemble(
     incoming: Incoming,
     write: bool,
 ) -> Result<Assembled> {
-    let Incoming {
-        messages: incoming,
-        ids: incoming_ids,
-        stored_prefix,
-    } = incoming;
     let base = match (mode, base) {
         (_, Some(b)) => Some(b),
         (HistoryMode::Server, None) => Some(Base::Head),
@@ -68,26 +63,17 @@ pub async fn assemble(
         Some(Base::At(id)) => store.load_path(tenant, session, id).await?,
     };
     if stored.is_empty() {
-        // The caller may have chained the ids already (for auto matching): hash once.
-        let ids = incoming_ids
-            .filter(|ids| ids.len() == incoming.len())
-            .unwrap_or_else(|| chain_ids(&incoming));
-        if write {
-            // The last message always goes, even when stored: appending an existing leaf is
-            // what moves the head back to a branch the client returned to.
-            let skip = stored_prefix.min(ids.len().saturating_sub(1));
-            let parent = skip.checked_sub(1).map(|i| ids[i]);
-            let new = chain_messages(&incoming[skip..], &ids[skip..]);
-            store.append_messages(tenant, session, parent, &new).await?;
+        if !write {
+            return Ok(client_conversation(incoming));
         }
-        return Ok(Assembled {
-            reply_parent: ids.last().copied(),
-            messages: incoming,
-            ids,
-            only_incoming: true,
-        });
+        let (append, assembled) = client_turn(incoming);
+        store
+            .append_messages(tenant, session, append.parent, &append.messages)
+            .await?;
+        return Ok(assembled);
     }
 
+    let incoming = incoming.messages;
     let lead = incoming.iter().take_while(|m| is_instruction(m)).count();
     let (instructions, new) = incoming.split_at(lead);
     let parent = stored.last().map(|m| m.id);
@@ -133,6 +119,37 @@ pub async fn assemble(
         ids,
         only_incoming: false,
     })
+}
+
+/// Client mode with no stored history to add: the request is the conversation, and what to
+/// store is everything after the part known to be stored. The last message always goes, even
+/// when stored: appending an existing leaf is what moves the head back to a branch the client
+/// returned to.
+pub fn client_turn(incoming: Incoming) -> (Append, Assembled) {
+    let stored_prefix = incoming.stored_prefix;
+    let assembled = client_conversation(incoming);
+    let ids = &assembled.ids;
+    let skip = stored_prefix.min(ids.len().saturating_sub(1));
+    let append = Append {
+        parent: skip.checked_sub(1).map(|i| ids[i]),
+        messages: chain_messages(&assembled.messages[skip..], &ids[skip..]),
+    };
+    (append, assembled)
+}
+
+/// The request's own messages as the conversation, with their chained ids (computed here
+/// unless the caller already had them for auto matching: hash once).
+fn client_conversation(incoming: Incoming) -> Assembled {
+    let ids = incoming
+        .ids
+        .filter(|ids| ids.len() == incoming.messages.len())
+        .unwrap_or_else(|| chain_ids(&incoming.messages));
+    Assembled {
+        reply_parent: ids.last().copied(),
+        messages: incoming.messages,
+        ids,
+        only_incoming: true,
+    }
 }
 
 fn chain_messages(bodies: &[Value], ids: &[MessageId]) -> Vec<NewMessage> {

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::error::Result;
 use crate::store::{Lease, Store};
 
 /// A held session lease.
@@ -18,21 +17,21 @@ pub struct SessionLock {
 }
 
 impl SessionLock {
-    /// Waits up to `wait` for the session's lease and keeps it renewed every `ttl / 3`.
-    pub async fn acquire(
-        store: Arc<dyn Store>,
-        tenant: &str,
-        session: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<SessionLock> {
-        let lease = store.lock_session(tenant, session, ttl, wait).await?;
+    /// Holds `lease` (just taken) and keeps it renewed every `ttl / 3`.
+    pub fn held(store: Arc<dyn Store>, lease: Lease, ttl: Duration) -> SessionLock {
         let renewal = tokio::spawn(renew_forever(store.clone(), lease.clone(), ttl));
-        Ok(SessionLock {
+        SessionLock {
             store,
             lease: Some(lease),
             renewal,
-        })
+        }
+    }
+
+    /// Stops renewing and hands the lease over, for a caller that releases it itself (as part
+    /// of closing the turn).
+    pub fn into_lease(mut self) -> Option<Lease> {
+        self.renewal.abort();
+        self.lease.take()
     }
 
     /// Releases the lease (errors are logged: an unreleased lease expires by itself).

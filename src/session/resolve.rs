@@ -4,6 +4,7 @@
 //! new session with a UUIDv7 id.
 
 use axum::http::HeaderMap;
+use serde_json::Value;
 
 use crate::config::Tenant;
 use crate::conversation::MessageId;
@@ -124,6 +125,18 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
         source: Source::New,
         anchor: None,
         stored_prefix: 0,
+    })
+}
+
+/// Auto matching only counts prefixes holding a stored reply, and a reply is what the upstream
+/// produced: never a user, system, developer or tool message. A conversation made only of those
+/// cannot match, so it is not looked up (a first turn costs no read).
+pub fn may_hold_reply(messages: &[Value]) -> bool {
+    messages.iter().any(|m| {
+        !matches!(
+            m.get("role").and_then(Value::as_str),
+            Some("user" | "system" | "developer" | "tool")
+        )
     })
 }
 

@@ -12,6 +12,7 @@ mod migrations;
 mod postgres;
 mod sqlite;
 mod time;
+mod turn;
 mod types;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use async_trait::async_trait;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use time::Timestamp;
+pub use turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened};
 pub use types::{
     Appended, Branch, DEFAULT_LOCK_WAIT, Lease, NewMessage, NewRequestRecord, NewSummary, Origin,
     PrefixMatch, RequestRecord, ResponseRef, Scope, Session, SessionDetail, SessionPage,
@@ -110,6 +112,19 @@ pub trait Store: Send + Sync {
         parent: Option<MessageId>,
         messages: &[NewMessage],
     ) -> Result<Vec<Appended>>;
+
+    /// Opens a managed request's turn in one call: creates the session if absent, takes its
+    /// lease (waiting as [`Store::lock_session`] does) and appends `open.append` under it. On
+    /// error nothing is held (the session may have been created).
+    async fn open_turn(&self, open: TurnOpen) -> Result<TurnOpened> {
+        turn::open_by_parts(self, open).await
+    }
+
+    /// Closes a turn in one call: appends the reply, records the Responses id, writes the
+    /// request record and releases the lease, each part kept or undone on its own.
+    async fn close_turn(&self, close: TurnClose) -> TurnClosed {
+        turn::close_by_parts(self, close).await
+    }
 
     /// The head branch, root first (empty for a new session).
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>>;

@@ -24,6 +24,7 @@ mod open;
 mod records;
 mod threads;
 mod tree;
+mod turn;
 
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ use super::Store;
 use super::lease::{self, Wakeups};
 use super::migrations::{self, LOCK_ROW};
 use super::time::Timestamp;
+use super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened};
 use super::types::*;
 use crate::conversation::MessageId;
 use crate::{Error, Result};
@@ -76,26 +78,9 @@ impl SqliteStore {
     }
 
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
-        let sql = match kind {
-            LeaseKind::Session => {
-                "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
-                 WHERE tenant = ? AND id = ? AND lock_owner = ?"
-            }
-            LeaseKind::Summary => {
-                "UPDATE sessions SET summary_owner = NULL, summary_until = NULL \
-                 WHERE tenant = ? AND id = ? AND summary_owner = ?"
-            }
-        };
         let lease = lease.clone();
         self.threads
-            .write(move |conn| {
-                conn.prepare_cached(sql)?.execute(params![
-                    lease.tenant,
-                    lease.session,
-                    lease.owner
-                ])?;
-                Ok(())
-            })
+            .write(move |conn| release_lease(conn, kind, &lease))
             .await
     }
 }
@@ -104,6 +89,23 @@ impl SqliteStore {
 enum LeaseKind {
     Session,
     Summary,
+}
+
+/// Releases a lease if its owner still holds it (otherwise a no-op).
+fn release_lease(conn: &Connection, kind: LeaseKind, lease: &Lease) -> Result<()> {
+    let sql = match kind {
+        LeaseKind::Session => {
+            "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
+             WHERE tenant = ? AND id = ? AND lock_owner = ?"
+        }
+        LeaseKind::Summary => {
+            "UPDATE sessions SET summary_owner = NULL, summary_until = NULL \
+             WHERE tenant = ? AND id = ? AND summary_owner = ?"
+        }
+    };
+    conn.prepare_cached(sql)?
+        .execute(params![lease.tenant, lease.session, lease.owner])?;
+    Ok(())
 }
 
 /// One attempt at a lease: the conditional UPDATE. `Err(())` inside: someone else holds it.
@@ -165,6 +167,24 @@ fn session_by_id(conn: &Connection, tenant: &str, session: &str) -> Result<Optio
         .query_row(params![tenant, session], |row| Ok(session_from_row(row)))
         .optional()?
         .transpose()
+}
+
+/// Creates the session with `scope` unless it exists (then it is left as it was).
+fn create_session(conn: &Connection, tenant: &str, session: &str, scope: &Scope) -> Result<()> {
+    let now = Timestamp::now().millis();
+    conn.prepare_cached(
+        "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, id) DO NOTHING",
+    )?
+    .execute(params![
+        tenant,
+        session,
+        scope.key_hash,
+        scope.user,
+        now,
+        now
+    ])?;
+    Ok(())
 }
 
 fn run_migrations(conn: &Connection) -> Result<()> {
@@ -259,19 +279,7 @@ impl Store for SqliteStore {
         let scope = scope.clone();
         self.threads
             .write(move |conn| {
-                let now = Timestamp::now().millis();
-                conn.prepare_cached(
-                    "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, \
-                     updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, id) DO NOTHING",
-                )?
-                .execute(params![
-                    tenant,
-                    session,
-                    scope.key_hash,
-                    scope.user,
-                    now,
-                    now
-                ])?;
+                create_session(conn, &tenant, &session, &scope)?;
                 session_by_id(conn, &tenant, &session)?
                     .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
             })
@@ -362,6 +370,14 @@ impl Store for SqliteStore {
         self.threads
             .write(move |conn| tree::append(conn, &tenant, &session, parent, &messages))
             .await
+    }
+
+    async fn open_turn(&self, open: TurnOpen) -> Result<TurnOpened> {
+        self.open_turn_job(open).await
+    }
+
+    async fn close_turn(&self, close: TurnClose) -> TurnClosed {
+        self.close_turn_job(close).await
     }
 
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>> {
@@ -489,20 +505,7 @@ impl Store for SqliteStore {
         let response_id = response_id.to_string();
         self.threads
             .write(move |conn| {
-                conn.prepare_cached(
-                    "INSERT INTO responses (tenant, response_id, session_id, message_id, \
-                     created_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO \
-                     UPDATE SET session_id = excluded.session_id, \
-                     message_id = excluded.message_id, created_at = excluded.created_at",
-                )?
-                .execute(params![
-                    tenant,
-                    response_id,
-                    session,
-                    message.0,
-                    Timestamp::now().millis()
-                ])?;
-                Ok(())
+                records::record_response(conn, &tenant, &response_id, &session, message)
             })
             .await
     }

@@ -69,6 +69,30 @@ pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<
     })
 }
 
+/// Records (or re-points) a Responses API id.
+pub(super) fn record_response(
+    conn: &Connection,
+    tenant: &str,
+    response_id: &str,
+    session: &str,
+    message: MessageId,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
+         VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+         session_id = excluded.session_id, message_id = excluded.message_id, \
+         created_at = excluded.created_at",
+    )?
+    .execute(params![
+        tenant,
+        response_id,
+        session,
+        message.0,
+        Timestamp::now().millis()
+    ])?;
+    Ok(())
+}
+
 pub(super) fn list_requests(
     conn: &Connection,
     tenant: &str,

@@ -280,7 +280,8 @@ fn run_batch(conn: &Connection, mut batch: VecDeque<Box<dyn WriteJob>>) {
     }
 }
 
-fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+/// Runs one parameterless statement through the statement cache.
+pub(super) fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
 }

@@ -1,0 +1,70 @@
+//! Opening a managed request's turn: afterwards the session exists, its lease is held (and kept
+//! renewed), and the request's new messages are stored. In client mode what to store is known
+//! from the request alone, so the store does all of it in one call; server mode (and an
+//! anchored `previous_response_id`) must read the stored history under the lease first.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::history::{self, Assembled, Base, Incoming};
+use super::lock::SessionLock;
+use crate::config::HistoryMode;
+use crate::error::Result;
+use crate::store::{Append, Scope, Store, TurnOpen};
+
+/// The session a turn is opened on, and how its lease is held.
+pub struct Target<'a> {
+    pub tenant: &'a str,
+    pub session: &'a str,
+    /// Recorded if the session is created.
+    pub scope: &'a Scope,
+    pub ttl: Duration,
+    /// How long to wait for another request on the same session.
+    pub wait: Duration,
+}
+
+/// Opens the turn and returns the held lock with the conversation to rewrite.
+pub async fn open(
+    store: &Arc<dyn Store>,
+    target: Target<'_>,
+    mode: HistoryMode,
+    base: Option<Base>,
+    incoming: Incoming,
+) -> Result<(SessionLock, Assembled)> {
+    if base.is_none() && mode == HistoryMode::Client {
+        let (append, assembled) = history::client_turn(incoming);
+        let lock = lock_and_append(store, &target, Some(append)).await?;
+        return Ok((lock, assembled));
+    }
+    let lock = lock_and_append(store, &target, None).await?;
+    // Dropping the lock on an error below releases the lease.
+    let assembled = history::assemble(
+        store.as_ref(),
+        target.tenant,
+        target.session,
+        mode,
+        base,
+        incoming,
+        true,
+    )
+    .await?;
+    Ok((lock, assembled))
+}
+
+async fn lock_and_append(
+    store: &Arc<dyn Store>,
+    target: &Target<'_>,
+    append: Option<Append>,
+) -> Result<SessionLock> {
+    let opened = store
+        .open_turn(TurnOpen {
+            tenant: target.tenant.to_string(),
+            session: target.session.to_string(),
+            scope: target.scope.clone(),
+            ttl: target.ttl,
+            wait: target.wait,
+            append,
+        })
+        .await?;
+    Ok(SessionLock::held(store.clone(), opened.lease, target.ttl))
+}

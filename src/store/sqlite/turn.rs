@@ -1,0 +1,148 @@
+//! SQLite: opening and closing a managed request's turn, each as one writer job (see
+//! `store/turn.rs` for why). Opening creates the session, takes the lease and appends the
+//! request's messages; only when another request holds the lease does it fall back to waiting.
+//! Closing runs its parts in savepoints of their own inside the job, so one failing part is
+//! undone alone, as it would be if each were its own call.
+
+use rusqlite::Connection;
+
+use super::super::Appended;
+use super::super::lease;
+use super::super::turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened, append_under};
+use super::threads::exec;
+use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
+use crate::{Error, Result};
+
+/// What the one job of an open did.
+enum FirstTry {
+    Opened(TurnOpened),
+    /// Someone else holds the lease: the append (not done) comes back for after the wait.
+    Busy(Option<Append>),
+}
+
+impl SqliteStore {
+    pub(super) async fn open_turn_job(&self, open: TurnOpen) -> Result<TurnOpened> {
+        let TurnOpen {
+            tenant,
+            session,
+            scope,
+            ttl,
+            wait,
+            append,
+        } = open;
+        let (t, s) = (tenant.clone(), session.clone());
+        let first = self
+            .threads
+            .write(move |conn| {
+                create_session(conn, &t, &s, &scope)?;
+                let lease = match take_lease(conn, LeaseKind::Session, t, s, ttl)? {
+                    Ok(lease) => lease,
+                    Err(()) => return Ok(FirstTry::Busy(append)),
+                };
+                // A failing append fails the job: its savepoint undoes the lease too.
+                let appended = match &append {
+                    None => Vec::new(),
+                    Some(a) => {
+                        tree::append(conn, &lease.tenant, &lease.session, a.parent, &a.messages)?
+                    }
+                };
+                Ok(FirstTry::Opened(TurnOpened { lease, appended }))
+            })
+            .await?;
+        let append = match first {
+            FirstTry::Opened(opened) => return Ok(opened),
+            FirstTry::Busy(append) => append,
+        };
+        let lease = lease::acquire(&self.wakeups, &tenant, &session, wait, || {
+            self.try_lease(LeaseKind::Session, &tenant, &session, ttl)
+        })
+        .await?;
+        match append_under(self, &lease, append).await {
+            Ok(appended) => Ok(TurnOpened { lease, appended }),
+            Err(e) => {
+                let _ = self.release(LeaseKind::Session, &lease).await;
+                self.wakeups.wake(&tenant, &session);
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn close_turn_job(&self, close: TurnClose) -> TurnClosed {
+        let released = close
+            .lease
+            .as_ref()
+            .map(|l| (l.tenant.clone(), l.session.clone()));
+        let closed = self
+            .threads
+            .write(move |conn| Ok(close_in(conn, close)))
+            .await
+            .unwrap_or_else(|e| TurnClosed {
+                failures: vec![("close the turn", e)],
+            });
+        if let Some((tenant, session)) = released {
+            self.wakeups.wake(&tenant, &session);
+        }
+        closed
+    }
+}
+
+/// The parts of a close, in order, inside the writer's transaction.
+fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
+    let TurnClose {
+        reply,
+        response_id,
+        mut record,
+        lease,
+    } = close;
+    let mut failures = Vec::new();
+    if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {
+        let stored = part(conn, || -> Result<Vec<Appended>> {
+            tree::append(
+                conn,
+                &record.tenant,
+                &record.session,
+                reply.parent,
+                &reply.messages,
+            )
+        });
+        match stored {
+            Ok(_) => record.head = reply.messages.last().map(|m| m.id),
+            Err(e) => failures.push(("store the reply", e)),
+        }
+        if let (Some(id), Some(head)) = (&response_id, record.head)
+            && let Err(e) = part(conn, || {
+                records::record_response(conn, &record.tenant, id, &record.session, head)
+            })
+        {
+            failures.push(("record the response id", e));
+        }
+    }
+    if let Err(e) = part(conn, || records::insert_request(conn, &record)) {
+        failures.push(("store the request record", e));
+    }
+    if let Some(lease) = &lease
+        && let Err(e) = part(conn, || release_lease(conn, LeaseKind::Session, lease))
+    {
+        failures.push(("release the session lease", e));
+    }
+    TurnClosed { failures }
+}
+
+/// Runs one part of a job in a savepoint of its own: a failure undoes that part only.
+fn part<T>(conn: &Connection, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    exec(conn, "SAVEPOINT turn_part")?;
+    match work() {
+        Ok(v) => {
+            exec(conn, "RELEASE turn_part")?;
+            Ok(v)
+        }
+        Err(e) => {
+            exec(conn, "ROLLBACK TO turn_part")
+                .and_then(|()| exec(conn, "RELEASE turn_part"))
+                .map_err(|rollback| {
+                    Error::StoreUnavailable(format!("{e}; undoing it failed too: {rollback}"))
+                })?;
+            Err(e)
+        }
+    }
+}

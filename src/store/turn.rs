@@ -1,0 +1,144 @@
+//! A managed request visits the store twice, and each visit is one store call: opening the turn
+//! (session created if absent, lease taken, the request's new messages appended) and closing it
+//! (reply appended, Responses id recorded, request record written, lease released).
+//!
+//! Why one call each: on SQLite every call is a hand-off to the writer thread, and those
+//! hand-offs (thread wake-ups, not SQL) were most of the proxy's cost per request (issue 5);
+//! SQLite runs each visit as one job. The default implementations here compose the single
+//! calls, which is what PostgreSQL uses.
+
+use std::time::Duration;
+
+use super::types::{Lease, NewMessage, NewRequestRecord, Scope};
+use super::{Appended, Store};
+use crate::Error;
+use crate::Result;
+use crate::conversation::MessageId;
+
+/// Messages to append as a chain under `parent` (see [`Store::append_messages`]).
+#[derive(Debug, Clone)]
+pub struct Append {
+    pub parent: Option<MessageId>,
+    pub messages: Vec<NewMessage>,
+}
+
+/// What opening a turn does.
+#[derive(Debug, Clone)]
+pub struct TurnOpen {
+    pub tenant: String,
+    pub session: String,
+    /// The scope recorded if the session is created.
+    pub scope: Scope,
+    /// The lease's time to live.
+    pub ttl: Duration,
+    /// How long to wait for a lease someone else holds (then `StoreUnavailable`).
+    pub wait: Duration,
+    /// Stored once the lease is held (client mode knows it before reading anything).
+    pub append: Option<Append>,
+}
+
+/// An opened turn: the held lease, and what the append did.
+#[derive(Debug, Clone)]
+pub struct TurnOpened {
+    pub lease: Lease,
+    pub appended: Vec<Appended>,
+}
+
+/// What closing a turn does, in order; each part is kept or undone on its own, so a failing
+/// reply append still leaves the request record and still releases the lease.
+#[derive(Debug, Clone)]
+pub struct TurnClose {
+    /// The reply, chained under the request's last message.
+    pub reply: Option<Append>,
+    /// A Responses API id, recorded as ending on the head after the reply.
+    pub response_id: Option<String>,
+    /// Its `head` is replaced by the reply's last message when the reply is stored.
+    pub record: NewRequestRecord,
+    /// Released last.
+    pub lease: Option<Lease>,
+}
+
+/// The parts of a close that failed (they are logged and counted by the caller: the answer has
+/// gone out, or is going out, whatever happens here).
+#[derive(Debug, Default)]
+pub struct TurnClosed {
+    pub failures: Vec<(&'static str, Error)>,
+}
+
+/// [`Store::open_turn`] from the single calls.
+pub(crate) async fn open_by_parts<S: Store + ?Sized>(
+    store: &S,
+    open: TurnOpen,
+) -> Result<TurnOpened> {
+    store
+        .get_or_create_session(&open.tenant, &open.session, &open.scope)
+        .await?;
+    let lease = store
+        .lock_session(&open.tenant, &open.session, open.ttl, open.wait)
+        .await?;
+    let appended = match append_under(store, &lease, open.append).await {
+        Ok(appended) => appended,
+        Err(e) => {
+            let _ = store.unlock_session(&lease).await;
+            return Err(e);
+        }
+    };
+    Ok(TurnOpened { lease, appended })
+}
+
+/// The append of an opened turn, once its lease is held.
+pub(crate) async fn append_under<S: Store + ?Sized>(
+    store: &S,
+    lease: &Lease,
+    append: Option<Append>,
+) -> Result<Vec<Appended>> {
+    match append {
+        None => Ok(Vec::new()),
+        Some(a) => {
+            store
+                .append_messages(&lease.tenant, &lease.session, a.parent, &a.messages)
+                .await
+        }
+    }
+}
+
+/// [`Store::close_turn`] from the single calls.
+pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClose) -> TurnClosed {
+    let TurnClose {
+        reply,
+        response_id,
+        mut record,
+        lease,
+    } = close;
+    let mut failures = Vec::new();
+    if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {
+        match store
+            .append_messages(
+                &record.tenant,
+                &record.session,
+                reply.parent,
+                &reply.messages,
+            )
+            .await
+        {
+            Ok(_) => record.head = reply.messages.last().map(|m| m.id),
+            Err(e) => failures.push(("store the reply", e)),
+        }
+        if let (Some(id), Some(head)) = (&response_id, record.head)
+            && let Err(e) = store
+                .record_response(&record.tenant, id, &record.session, head)
+                .await
+        {
+            failures.push(("record the response id", e));
+        }
+    }
+    if let Err(e) = store.insert_request(&record).await {
+        failures.push(("store the request record", e));
+    }
+    if let Some(lease) = lease
+        && let Err(e) = store.unlock_session(&lease).await
+    {
+        failures.push(("release the session lease", e));
+    }
+    TurnClosed { failures }
+}

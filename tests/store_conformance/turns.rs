@@ -1,0 +1,208 @@
+//! Conformance: opening and closing a managed request's turn (`open_turn`, `close_turn`), which
+//! each do several things in one call and must leave the same state the single calls would.
+
+use std::time::Duration;
+
+use ctxproxy::conversation::MessageId;
+use ctxproxy::store::{
+    Append, NewMessage, NewRequestRecord, Origin, Scope, Store, TurnClose, TurnOpen,
+};
+use serde_json::Value;
+
+use super::{Fixture, msg};
+
+const LONG: Duration = Duration::from_secs(60);
+const SHORT: Duration = Duration::from_millis(50);
+
+fn open(session: &str, append: Option<Append>, wait: Duration) -> TurnOpen {
+    TurnOpen {
+        tenant: "t".into(),
+        session: session.into(),
+        scope: Scope {
+            key_hash: Some("k-turn".into()),
+            user: Some("u-turn".into()),
+        },
+        ttl: LONG,
+        wait,
+        append,
+    }
+}
+
+fn chain(parent: Option<MessageId>, bodies: &[Value], origin: Origin) -> Append {
+    Append {
+        parent,
+        messages: NewMessage::chain(parent.as_ref(), bodies, origin),
+    }
+}
+
+fn record(session: &str, head: Option<MessageId>) -> NewRequestRecord {
+    NewRequestRecord {
+        tenant: "t".into(),
+        session: session.into(),
+        head,
+        endpoint: "responses".into(),
+        status: 200,
+        request_id: Some(format!("req-{session}")),
+        ..Default::default()
+    }
+}
+
+/// The lease is free: taking it with a short wait succeeds (and it is released again).
+async fn lease_is_free(s: &dyn Store, session: &str) -> bool {
+    match s.lock_session("t", session, LONG, SHORT).await {
+        Ok(lease) => {
+            s.unlock_session(&lease).await.unwrap();
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let request = chain(
+        None,
+        &[msg("system", "be brief"), msg("user", "hi")],
+        Origin::Client,
+    );
+    let last = request.messages.last().map(|m| m.id);
+    let opened = s
+        .open_turn(open("turn", Some(request), LONG))
+        .await
+        .unwrap();
+    assert_eq!(opened.appended.len(), 2);
+    assert!(opened.appended.iter().all(|a| a.new));
+    // Created with the turn's scope, and locked.
+    let session = s.get_session("t", "turn").await.unwrap().unwrap();
+    assert_eq!(session.key_hash.as_deref(), Some("k-turn"));
+    assert_eq!(session.user.as_deref(), Some("u-turn"));
+    assert_eq!(session.head, last);
+    assert!(!lease_is_free(s, "turn").await);
+
+    let reply = chain(last, &[msg("assistant", "hello")], Origin::Reply);
+    let reply_id = reply.messages[0].id;
+    let closed = s
+        .close_turn(TurnClose {
+            reply: Some(reply),
+            response_id: Some("resp_turn".into()),
+            record: record("turn", last),
+            lease: Some(opened.lease),
+        })
+        .await;
+    assert!(closed.failures.is_empty(), "{:?}", closed.failures);
+    let head = s.head_branch("t", "turn").await.unwrap();
+    let contents: Vec<&Value> = head.iter().map(|m| &m.body["content"]).collect();
+    assert_eq!(contents, ["be brief", "hi", "hello"]);
+    assert_eq!(head[2].origin, Origin::Reply);
+    let records = s.list_requests("t", "turn").await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].head,
+        Some(reply_id),
+        "the record ends on the reply"
+    );
+    let found = s.find_response("t", "resp_turn").await.unwrap().unwrap();
+    assert_eq!((found.session.as_str(), found.message), ("turn", reply_id));
+    assert!(lease_is_free(s, "turn").await, "closing released the lease");
+
+    // The next turn resends everything: only the new message is stored, and the session keeps
+    // the scope it was created with.
+    let bodies = [
+        msg("system", "be brief"),
+        msg("user", "hi"),
+        msg("assistant", "hello"),
+        msg("user", "again"),
+    ];
+    let mut next = open("turn", Some(chain(None, &bodies, Origin::Client)), LONG);
+    next.scope = Scope::default();
+    let opened = s.open_turn(next).await.unwrap();
+    let new: Vec<bool> = opened.appended.iter().map(|a| a.new).collect();
+    assert_eq!(new, [false, false, false, true]);
+    let session = s.get_session("t", "turn").await.unwrap().unwrap();
+    assert_eq!(session.key_hash.as_deref(), Some("k-turn"));
+    assert_eq!(session.message_count, 4);
+    s.unlock_session(&opened.lease).await.unwrap();
+}
+
+pub async fn a_turn_waits_for_the_lease_before_appending(fx: &Fixture) {
+    let s = fx.store.clone();
+    s.get_or_create_session("t", "busy", &Scope::default())
+        .await
+        .unwrap();
+    let held = s.lock_session("t", "busy", LONG, LONG).await.unwrap();
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let append = chain(None, &[msg("user", "queued")], Origin::Client);
+            s.open_turn(open("busy", Some(append), LONG)).await
+        })
+    };
+    // Whenever the waiter gets to run, it must not store anything while the lease is held.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(s.head_branch("t", "busy").await.unwrap().is_empty());
+    assert!(!waiter.is_finished());
+    s.unlock_session(&held).await.unwrap();
+    let opened = waiter.await.unwrap().unwrap();
+    assert_eq!(opened.appended.len(), 1);
+    assert_eq!(s.head_branch("t", "busy").await.unwrap().len(), 1);
+    // A turn that cannot get the lease in time fails and stores nothing.
+    let late = chain(None, &[msg("user", "too late")], Origin::Client);
+    assert!(matches!(
+        s.open_turn(open("busy", Some(late), SHORT)).await,
+        Err(ctxproxy::Error::StoreUnavailable(_))
+    ));
+    assert_eq!(s.head_branch("t", "busy").await.unwrap().len(), 1);
+    s.unlock_session(&opened.lease).await.unwrap();
+}
+
+pub async fn a_failed_open_holds_nothing(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let orphan = chain(
+        Some(MessageId([7; 32])),
+        &[msg("user", "under a parent that is not stored")],
+        Origin::Client,
+    );
+    assert!(matches!(
+        s.open_turn(open("bad", Some(orphan), LONG)).await,
+        Err(ctxproxy::Error::NotFound(_))
+    ));
+    assert!(s.head_branch("t", "bad").await.unwrap().is_empty());
+    // The session may exist, but its lease is free.
+    if s.get_session("t", "bad").await.unwrap().is_some() {
+        assert!(lease_is_free(s, "bad").await);
+    }
+}
+
+pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let request = chain(None, &[msg("user", "q")], Origin::Client);
+    let last = request.messages.last().map(|m| m.id);
+    let opened = s
+        .open_turn(open("partial", Some(request), LONG))
+        .await
+        .unwrap();
+    // The reply hangs under a parent that is not stored: that part fails on its own.
+    let reply = chain(
+        Some(MessageId([9; 32])),
+        &[msg("assistant", "a")],
+        Origin::Reply,
+    );
+    let closed = s
+        .close_turn(TurnClose {
+            reply: Some(reply),
+            response_id: None,
+            record: record("partial", last),
+            lease: Some(opened.lease),
+        })
+        .await;
+    assert_eq!(closed.failures.len(), 1, "{:?}", closed.failures);
+    assert!(matches!(closed.failures[0].1, ctxproxy::Error::NotFound(_)));
+    assert_eq!(s.head_branch("t", "partial").await.unwrap().len(), 1);
+    let records = s.list_requests("t", "partial").await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].head, last,
+        "the record ends where the request did"
+    );
+    assert!(lease_is_free(s, "partial").await);
+}
