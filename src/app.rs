@@ -60,7 +60,11 @@ impl AppState {
             tool_access: Default::default(),
             tokens: crate::tokens::TokenCounter::new(),
             summaries: Default::default(),
-            pending: Default::default(),
+            pending: Arc::new(crate::session::PendingReplies::hurrying({
+                // Whoever waits for a reply write wants it committed now, not batched later.
+                let store = store.clone();
+                move || store.hurry()
+            })),
             background: Default::default(),
             write_replies_after_answer: store.backend() == "sqlite",
             store,

@@ -136,3 +136,35 @@ async fn an_in_memory_database_works_on_one_connection() {
         ));
     }
 }
+
+/// The checkpointer thread copies the WAL into the database file by itself: the writer never
+/// has to do it inside a commit (its own threshold is far above what this test writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_checkpointed_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let s = store::connect(&url, 1).await.unwrap();
+    s.migrate().await.unwrap();
+    let before = std::fs::metadata(&path).unwrap().len();
+    for n in 0..200 {
+        let session = format!("s{n}");
+        s.get_or_create_session("t", &session, &scope())
+            .await
+            .unwrap();
+        s.append_messages("t", &session, None, &one_message(&"words ".repeat(200)))
+            .await
+            .unwrap();
+    }
+    // Eventually (it runs every 100 ms): the database file itself holds the new pages.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::metadata(&path).unwrap().len() <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing was checkpointed into {}",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    s.close().await;
+}

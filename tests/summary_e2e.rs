@@ -80,6 +80,8 @@ async fn turn(proxy: &Proxy, session: &str, history: &[Value]) -> (Value, u64) {
 
 /// Waits (at most 10 s) until no summary job runs in `proxy`.
 async fn settle(proxy: &Proxy) {
+    // The reply is written after the answer went out, and its summary job starts after that.
+    proxy.state.pending.settle_all().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while proxy.state.summaries.running() > 0 {
         assert!(Instant::now() < deadline, "summary job still running");

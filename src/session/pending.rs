@@ -23,6 +23,8 @@ use crate::conversation::MessageId;
 pub struct PendingReplies {
     inner: Mutex<Inner>,
     done: Notify,
+    /// Called when someone starts waiting: the store may be holding writes back to batch them.
+    hurry: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 #[derive(Default)]
@@ -50,6 +52,14 @@ pub struct PendingWrite {
 }
 
 impl PendingReplies {
+    /// A registry whose waiters call `hurry` (see [`crate::store::Store::hurry`]).
+    pub fn hurrying(hurry: impl Fn() + Send + Sync + 'static) -> Self {
+        PendingReplies {
+            hurry: Some(Box::new(hurry)),
+            ..Default::default()
+        }
+    }
+
     /// Registers a reply of `tenant`'s `session` about to be written after its answer went out.
     pub fn begin(
         self: &Arc<Self>,
@@ -122,6 +132,9 @@ impl PendingReplies {
             done.as_mut().enable();
             if settled() {
                 return;
+            }
+            if let Some(hurry) = &self.hurry {
+                hurry();
             }
             done.await;
         }

@@ -38,6 +38,13 @@ impl Wakeups {
         notify
     }
 
+    /// Whether a request in this process is waiting for this session's lease.
+    pub(crate) fn awaited(&self, tenant: &str, session: &str) -> bool {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&(tenant.to_string(), session.to_string()))
+            .is_some_and(|w| w.strong_count() > 0)
+    }
+
     /// Wakes every same-process waiter of this session (after a release).
     pub(crate) fn wake(&self, tenant: &str, session: &str) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());

@@ -126,6 +126,11 @@ pub trait Store: Send + Sync {
         turn::close_by_parts(self, close).await
     }
 
+    /// Commits now the writes the store holds back to share a commit (`close_turn` on
+    /// SQLite waits up to a few milliseconds for company): someone is waiting for one. Does
+    /// not wait for them.
+    fn hurry(&self) {}
+
     /// The head branch, root first (empty for a new session).
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>>;
 

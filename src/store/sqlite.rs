@@ -380,6 +380,10 @@ impl Store for SqliteStore {
         self.close_turn_job(close).await
     }
 
+    fn hurry(&self) {
+        self.threads.hurry();
+    }
+
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>> {
         let (tenant, session) = owned(tenant, session);
         self.threads

@@ -20,6 +20,11 @@ const WRITER_CACHE_KIB: i64 = 8 * 1024;
 const READER_CACHE_KIB: i64 = 2 * 1024;
 /// Distinct statements kept prepared per connection (padded IN lists count a few times).
 const STATEMENT_CACHE: usize = 128;
+/// WAL pages after which the writer checkpoints by itself (a fallback: normally the
+/// checkpointer thread has done it long before; SQLite's default is 1000).
+const WRITER_CHECKPOINT_PAGES: i64 = 16_000;
+/// Bytes the WAL file is truncated to when it is reset after growing.
+const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// The database a URL names.
 #[derive(Debug, Clone)]
@@ -101,8 +106,22 @@ impl Target {
         if !self.in_memory && !self.read_only {
             let _mode: String =
                 conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+            // The checkpointer thread keeps the WAL short; the writer checkpoints by itself
+            // (inside a commit) only if that falls far behind.
+            conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_PAGES)?;
+            conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
         }
         Ok(conn)
+    }
+
+    /// Whether the database was opened read-only (`mode=ro`).
+    pub(super) fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Opens the checkpointer's connection (a file database in WAL mode only).
+    pub(super) fn open_checkpointer(&self) -> Result<Connection> {
+        self.open(READER_CACHE_KIB)
     }
 
     /// Opens one reader connection (only for a file; the writer has set WAL already).

@@ -18,8 +18,9 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Mutex, RwLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded, unbounded};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
@@ -28,12 +29,23 @@ use crate::{Error, Result};
 
 /// Most jobs one commit covers: bounds how long the first job of a batch waits for its answer.
 const MAX_BATCH: usize = 64;
+/// How long a deferred write (one nobody is waiting on, such as a reply stored after its answer
+/// went out) may wait for other writes to share its commit. Every commit rewrites whole pages
+/// (the session, message and index leaves a turn touches), so one commit for two turns writes
+/// far less than two; under load the next request's urgent write picks deferred ones up long
+/// before this passes.
+const DEFER: Duration = Duration::from_millis(2);
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// A read: runs on some reader's connection and sends its own answer.
 type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
 
 /// A write, run inside the writer's transaction; answered only once the batch is settled.
 trait WriteJob: Send {
+    /// Whether a caller waits on it: an urgent job is committed at once (with whatever is
+    /// queued); deferred ones may wait up to [`DEFER`] for company.
+    fn urgent(&self) -> bool;
     /// Runs the job; `true` if it succeeded (its changes are to be kept).
     fn run(&mut self, conn: &Connection) -> bool;
     /// Sends the answer. `lost`: the batch did not commit, for this reason.
@@ -41,6 +53,7 @@ trait WriteJob: Send {
 }
 
 struct Pending<T, F> {
+    urgent: bool,
     work: Option<F>,
     result: Option<Result<T>>,
     reply: oneshot::Sender<Result<T>>,
@@ -51,6 +64,10 @@ where
     T: Send,
     F: FnOnce(&Connection) -> Result<T> + Send,
 {
+    fn urgent(&self) -> bool {
+        self.urgent
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(work) = self.work.take() else {
             return false;
@@ -86,6 +103,8 @@ fn closed() -> Error {
 
 struct Queues {
     write: Sender<Box<dyn WriteJob>>,
+    /// Dropped to stop the checkpointer (none for an in-memory or read-only database).
+    _checkpointer: Option<Sender<()>>,
     /// `None` for an in-memory database: reads go to the writer.
     read: Option<Sender<ReadJob>>,
 }
@@ -143,21 +162,68 @@ impl Threads {
             }
             Some(read)
         };
+        let checkpointer = if target.in_memory() || target.read_only() {
+            None
+        } else {
+            let conn = target.open_checkpointer()?;
+            let (stop, stopped) = bounded::<()>(0);
+            handles.push(spawn("ctxproxy-sqlite-checkpoint", move || {
+                checkpoint_loop(&conn, &stopped);
+            })?);
+            Some(stop)
+        };
         Ok(Threads {
-            queues: RwLock::new(Some(Queues { write, read })),
+            queues: RwLock::new(Some(Queues {
+                write,
+                _checkpointer: checkpointer,
+                read,
+            })),
             handles: Mutex::new(handles),
             reads_on_writer: target.in_memory(),
         })
     }
 
-    /// Runs `work` as one atomic write (batched with whatever else is queued).
+    /// Runs `work` as one atomic write, committed at once with whatever else is queued.
     pub(super) async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.submit(true, work).await
+    }
+
+    /// Like [`Threads::write`], for a write whose caller is not in a hurry: its commit may wait
+    /// up to [`DEFER`] to be shared with the writes that follow.
+    pub(super) async fn write_deferred<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.submit(false, work).await
+    }
+
+    /// Commits deferred writes now (someone started waiting for one).
+    pub(super) fn hurry(&self) {
+        let nothing = Box::new(Pending {
+            urgent: true,
+            work: Some(|_: &Connection| Ok(())),
+            result: None,
+            reply: oneshot::channel().0,
+        });
+        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(queues) = queues.as_ref() {
+            let _ = queues.write.send(nothing);
+        }
+    }
+
+    async fn submit<T, F>(&self, urgent: bool, work: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Pending {
+            urgent,
             work: Some(work),
             result: None,
             reply,
@@ -217,18 +283,38 @@ fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<
         .map_err(|e| Error::StoreUnavailable(format!("cannot start {name}: {e}")))
 }
 
-/// Until every sender is gone: take what is queued, run it as one batch.
+/// Until every sender is gone: take what is queued, run it as one batch. A batch of deferred
+/// jobs only waits (up to [`DEFER`] from its first) for more, and goes as soon as an urgent
+/// job comes.
 fn write_loop(conn: &Connection, jobs: &Receiver<Box<dyn WriteJob>>) {
     while let Ok(first) = jobs.recv() {
+        let deadline = Instant::now() + DEFER;
+        let mut urgent = first.urgent();
         let mut batch = VecDeque::with_capacity(8);
         batch.push_back(first);
         while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push_back(job),
-                Err(_) => break,
-            }
+            let next = if urgent {
+                jobs.try_recv().ok()
+            } else {
+                jobs.recv_deadline(deadline).ok()
+            };
+            let Some(job) = next else { break };
+            urgent |= job.urgent();
+            batch.push_back(job);
         }
         run_batch(conn, batch);
+    }
+}
+
+/// Copies the WAL back into the database file every [`CHECKPOINT_EVERY`], on a connection of
+/// its own, so that the writer never does it inside a commit (with `synchronous=NORMAL` the
+/// checkpoint is where the fsyncs are). Passive: it never blocks the writer or the readers.
+/// Stops when `stop` is dropped.
+fn checkpoint_loop(conn: &Connection, stop: &Receiver<()>) {
+    while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(CHECKPOINT_EVERY) {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "SQLite checkpoint failed; the writer's own checkpoint is the fallback");
+        }
     }
 }
 

@@ -53,6 +53,8 @@ impl SqliteStore {
             FirstTry::Opened(opened) => return Ok(opened),
             FirstTry::Busy(append) => append,
         };
+        // The holder's close may be queued, deferred: it should not wait for company now.
+        self.threads.hurry();
         let lease = lease::acquire(&self.wakeups, &tenant, &session, wait, || {
             self.try_lease(LeaseKind::Session, &tenant, &session, ttl)
         })
@@ -72,13 +74,21 @@ impl SqliteStore {
             .lease
             .as_ref()
             .map(|l| (l.tenant.clone(), l.session.clone()));
-        let closed = self
-            .threads
-            .write(move |conn| Ok(close_in(conn, close)))
-            .await
-            .unwrap_or_else(|e| TurnClosed {
-                failures: vec![("close the turn", e)],
-            });
+        // Nobody waits on a close but the next request of the session, whose own (urgent) open
+        // commits it at once: unless that request is already waiting for the lease, the close
+        // may share a commit with the writes that follow.
+        let awaited = released
+            .as_ref()
+            .is_some_and(|(tenant, session)| self.wakeups.awaited(tenant, session));
+        let job = move |conn: &Connection| Ok(close_in(conn, close));
+        let closed = if awaited {
+            self.threads.write(job).await
+        } else {
+            self.threads.write_deferred(job).await
+        };
+        let closed = closed.unwrap_or_else(|e| TurnClosed {
+            failures: vec![("close the turn", e)],
+        });
         if let Some((tenant, session)) = released {
             self.wakeups.wake(&tenant, &session);
         }
