@@ -5,17 +5,19 @@
 
 mod records;
 mod tree;
+mod turn;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 
 use super::Store;
 use super::lease::{self, Wakeups};
 use super::migrations::{self, LOCK_ROW};
 use super::time::Timestamp;
+use super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened};
 use super::types::*;
 use crate::conversation::MessageId;
 use crate::{Error, Result};
@@ -53,54 +55,13 @@ impl PostgresStore {
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        let now = Timestamp::now();
-        let lease = Lease {
-            tenant: tenant.to_string(),
-            session: session.to_string(),
-            owner: lease::new_owner(),
-            until: now.plus(ttl),
-        };
-        // A single UPDATE: under READ COMMITTED a concurrent winner makes PostgreSQL re-check
-        // the WHERE clause on the new row version, so at most one of them matches.
-        let sql = match kind {
-            LeaseKind::Session => {
-                "UPDATE sessions SET lock_owner = $1, lock_until = $2 WHERE tenant = $3 \
-                 AND id = $4 AND (lock_owner IS NULL OR lock_until <= $5)"
-            }
-            LeaseKind::Summary => {
-                "UPDATE sessions SET summary_owner = $1, summary_until = $2 WHERE tenant = $3 \
-                 AND id = $4 AND (summary_owner IS NULL OR summary_until <= $5)"
-            }
-        };
-        let done = sqlx::query(sql)
-            .bind(&lease.owner)
-            .bind(lease.until.millis())
-            .bind(tenant)
-            .bind(session)
-            .bind(now.millis())
-            .execute(&self.pool)
-            .await?;
-        Ok((done.rows_affected() == 1).then_some(lease))
+        let mut conn = self.pool.acquire().await?;
+        take_lease(&mut conn, kind, tenant, session, ttl).await
     }
 
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
-        let sql = match kind {
-            LeaseKind::Session => {
-                "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
-                 WHERE tenant = $1 AND id = $2 AND lock_owner = $3"
-            }
-            LeaseKind::Summary => {
-                "UPDATE sessions SET summary_owner = NULL, summary_until = NULL \
-                 WHERE tenant = $1 AND id = $2 AND summary_owner = $3"
-            }
-        };
-        sqlx::query(sql)
-            .bind(&lease.tenant)
-            .bind(&lease.session)
-            .bind(&lease.owner)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        let mut conn = self.pool.acquire().await?;
+        release_lease(&mut conn, kind, lease).await
     }
 
     async fn migrate_once(&self) -> Result<()> {
@@ -151,6 +112,86 @@ impl PostgresStore {
     }
 }
 
+/// One attempt at a lease: a single conditional UPDATE. Under READ COMMITTED a concurrent
+/// winner makes PostgreSQL re-check the WHERE clause on the new row version, so at most one of
+/// them matches.
+async fn take_lease(
+    conn: &mut PgConnection,
+    kind: LeaseKind,
+    tenant: &str,
+    session: &str,
+    ttl: Duration,
+) -> Result<Option<Lease>> {
+    let now = Timestamp::now();
+    let lease = Lease {
+        tenant: tenant.to_string(),
+        session: session.to_string(),
+        owner: lease::new_owner(),
+        until: now.plus(ttl),
+    };
+    let sql = match kind {
+        LeaseKind::Session => {
+            "UPDATE sessions SET lock_owner = $1, lock_until = $2 WHERE tenant = $3 \
+             AND id = $4 AND (lock_owner IS NULL OR lock_until <= $5)"
+        }
+        LeaseKind::Summary => {
+            "UPDATE sessions SET summary_owner = $1, summary_until = $2 WHERE tenant = $3 \
+             AND id = $4 AND (summary_owner IS NULL OR summary_until <= $5)"
+        }
+    };
+    let done = sqlx::query(sql)
+        .bind(&lease.owner)
+        .bind(lease.until.millis())
+        .bind(tenant)
+        .bind(session)
+        .bind(now.millis())
+        .execute(&mut *conn)
+        .await?;
+    Ok((done.rows_affected() == 1).then_some(lease))
+}
+
+/// Releases a lease if its owner still holds it (otherwise a no-op).
+async fn release_lease(conn: &mut PgConnection, kind: LeaseKind, lease: &Lease) -> Result<()> {
+    let sql = match kind {
+        LeaseKind::Session => {
+            "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
+             WHERE tenant = $1 AND id = $2 AND lock_owner = $3"
+        }
+        LeaseKind::Summary => {
+            "UPDATE sessions SET summary_owner = NULL, summary_until = NULL \
+             WHERE tenant = $1 AND id = $2 AND summary_owner = $3"
+        }
+    };
+    sqlx::query(sql)
+        .bind(&lease.tenant)
+        .bind(&lease.session)
+        .bind(&lease.owner)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Creates the session with `scope` unless it exists (then it is left as it was).
+async fn create_session(
+    conn: &mut PgConnection,
+    tenant: &str,
+    session: &str,
+    scope: &Scope,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (tenant, id) DO NOTHING",
+    )
+    .bind(tenant)
+    .bind(session)
+    .bind(&scope.key_hash)
+    .bind(&scope.user)
+    .bind(Timestamp::now().millis())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 const SESSION_COLUMNS: &str = "s.tenant, s.id, s.key_hash, s.user_id, s.created_at, \
      s.updated_at, s.head_id, (SELECT COUNT(*) FROM messages m \
      WHERE m.tenant = s.tenant AND m.session_id = s.id) AS message_count";
@@ -199,18 +240,7 @@ impl Store for PostgresStore {
         session: &str,
         scope: &Scope,
     ) -> Result<Session> {
-        let now = Timestamp::now().millis();
-        sqlx::query(
-            "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (tenant, id) DO NOTHING",
-        )
-        .bind(tenant)
-        .bind(session)
-        .bind(&scope.key_hash)
-        .bind(&scope.user)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
+        create_session(&mut *self.pool.acquire().await?, tenant, session, scope).await?;
         self.get_session(tenant, session)
             .await?
             .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
@@ -276,6 +306,14 @@ impl Store for PostgresStore {
         tree::append(&self.pool, tenant, session, parent, messages).await
     }
 
+    async fn open_turn(&self, open: TurnOpen) -> Result<TurnOpened> {
+        self.open_turn_tx(open).await
+    }
+
+    async fn close_turn(&self, close: TurnClose) -> TurnClosed {
+        self.close_turn_tx(close).await
+    }
+
     async fn head_branch(&self, tenant: &str, session: &str) -> Result<Vec<StoredMessage>> {
         tree::path(&self.pool, tenant, session, None).await
     }
@@ -303,7 +341,7 @@ impl Store for PostgresStore {
     }
 
     async fn insert_request(&self, record: &NewRequestRecord) -> Result<RequestRecord> {
-        records::insert_request(&self.pool, record).await
+        records::insert_request(&mut *self.pool.acquire().await?, record).await
     }
 
     async fn list_requests(&self, tenant: &str, session: &str) -> Result<Vec<RequestRecord>> {
@@ -380,20 +418,8 @@ impl Store for PostgresStore {
         session: &str,
         message: MessageId,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, response_id) DO UPDATE SET \
-             session_id = EXCLUDED.session_id, message_id = EXCLUDED.message_id, \
-             created_at = EXCLUDED.created_at",
-        )
-        .bind(tenant)
-        .bind(response_id)
-        .bind(session)
-        .bind(message.0.to_vec())
-        .bind(Timestamp::now().millis())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        let mut conn = self.pool.acquire().await?;
+        records::record_response(&mut conn, tenant, response_id, session, message).await
     }
 
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {

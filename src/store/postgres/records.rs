@@ -1,7 +1,7 @@
 //! PostgreSQL: request records, summaries and the admin session list.
 
 use serde_json::Value;
-use sqlx::postgres::{PgPool, PgRow, Postgres};
+use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
 use sqlx::{QueryBuilder, Row};
 
 use super::super::time::Timestamp;
@@ -24,7 +24,10 @@ fn json_value(s: Option<String>) -> Result<Option<Value>> {
         .map_err(|e| Error::Internal(format!("stored record JSON: {e}")))
 }
 
-pub(super) async fn insert_request(pool: &PgPool, r: &NewRequestRecord) -> Result<RequestRecord> {
+pub(super) async fn insert_request(
+    conn: &mut PgConnection,
+    r: &NewRequestRecord,
+) -> Result<RequestRecord> {
     let id = uuid::Uuid::now_v7().to_string();
     let time = Timestamp::now();
     sqlx::query(
@@ -48,7 +51,7 @@ pub(super) async fn insert_request(pool: &PgPool, r: &NewRequestRecord) -> Resul
     .bind(&r.request_id)
     .bind(json_text(&r.report)?)
     .bind(json_text(&r.choices)?)
-    .execute(pool)
+    .execute(&mut *conn)
     .await?;
     Ok(RequestRecord {
         id,
@@ -67,6 +70,30 @@ pub(super) async fn insert_request(pool: &PgPool, r: &NewRequestRecord) -> Resul
         report: r.report.clone(),
         choices: r.choices.clone(),
     })
+}
+
+/// Records (or re-points) a Responses API id.
+pub(super) async fn record_response(
+    conn: &mut PgConnection,
+    tenant: &str,
+    response_id: &str,
+    session: &str,
+    message: MessageId,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+         session_id = EXCLUDED.session_id, message_id = EXCLUDED.message_id, \
+         created_at = EXCLUDED.created_at",
+    )
+    .bind(tenant)
+    .bind(response_id)
+    .bind(session)
+    .bind(message.0.to_vec())
+    .bind(Timestamp::now().millis())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 pub(super) async fn list_requests(

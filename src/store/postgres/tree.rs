@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use sqlx::Row;
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 
 use super::super::next_head;
 use super::super::time::Timestamp;
@@ -20,6 +20,19 @@ pub(super) async fn append(
     messages: &[NewMessage],
 ) -> Result<Vec<Appended>> {
     let mut tx = pool.begin().await?;
+    let appended = append_in(&mut tx, tenant, session, parent, messages).await?;
+    tx.commit().await?;
+    Ok(appended)
+}
+
+/// [`append`] inside the caller's transaction.
+pub(super) async fn append_in(
+    tx: &mut PgConnection,
+    tenant: &str,
+    session: &str,
+    parent: Option<MessageId>,
+    messages: &[NewMessage],
+) -> Result<Vec<Appended>> {
     // The row lock orders concurrent appends to one session for this short transaction.
     let head: Option<Option<Vec<u8>>> =
         sqlx::query_scalar("SELECT head_id FROM sessions WHERE tenant = $1 AND id = $2 FOR UPDATE")
@@ -135,7 +148,6 @@ pub(super) async fn append(
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await?;
     Ok(out)
 }
 
