@@ -118,6 +118,8 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
     let opened = s.open_turn(next).await.unwrap();
     let new: Vec<bool> = opened.appended.iter().map(|a| a.new).collect();
     assert_eq!(new, [false, false, false, true]);
+    let seqs: Vec<i64> = opened.appended.iter().map(|a| a.seq).collect();
+    assert_eq!(seqs, [0, 1, 2, 3]);
     let session = s.get_session("t", "turn").await.unwrap().unwrap();
     assert_eq!(session.key_hash.as_deref(), Some("k-turn"));
     assert_eq!(session.message_count, 4);

@@ -61,6 +61,15 @@ pub(super) fn append(
     };
     let head = head.as_deref().map(id_from_bytes).transpose()?;
 
+    // The head is stored, and with it its whole chain: a client resending its conversation to a
+    // named session has everything up to the head skipped without looking it up.
+    let all = messages;
+    let known = head.and_then(|h| all.iter().rposition(|m| m.id == h));
+    let (parent, messages) = match known {
+        Some(k) => (Some(all[k].id), &all[k + 1..]),
+        None => (parent, all),
+    };
+
     let (mut seq, mut reply_seen) = match &parent {
         None => (0, false),
         Some(p) => {
@@ -104,7 +113,15 @@ pub(super) fn append(
          reply_in_prefix, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (tenant, session_id, id) DO NOTHING",
     )?;
-    let mut out = Vec::with_capacity(messages.len());
+    let mut out = Vec::with_capacity(all.len());
+    if let Some(k) = known {
+        // `seq` is one past the head's.
+        out.extend(all[..=k].iter().enumerate().map(|(i, m)| Appended {
+            id: m.id,
+            seq: seq - (k + 1 - i) as i64,
+            new: false,
+        }));
+    }
     let mut prev = parent;
     for m in messages {
         let new = match existing.get(&m.id) {
