@@ -31,7 +31,6 @@ pub mod tool_window;
 mod removal;
 mod work;
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use serde_json::Value;
@@ -45,7 +44,33 @@ pub use report::{Compressed, RemoveReason, Removed, RepairKind, Repaired, Report
 pub use summary::{StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::offered_tool_names;
 
-use work::{Item, Work, current_turn_start};
+use work::{Item, Msg, Work, current_turn_start};
+
+/// A result belongs with its call: a late result of a history call is history too, so the steps
+/// treat it as they treat its call and a second run finds nothing left to do. Only results in the
+/// current turn can be late in this sense, so only they are linked.
+fn mark_late_results(items: &mut [Item<'_>], messages: &[Message], history_end: usize) {
+    let current = messages.get(history_end..).unwrap_or_default();
+    if !current.iter().any(|m| m.role == Role::Tool) {
+        return;
+    }
+    let at = |p: usize| &messages[p];
+    let is_caller = |m: &Message| m.role == Role::Assistant && m.has_tool_calls();
+    let mut last_caller = messages[..history_end].iter().rposition(is_caller);
+    let mut full = None;
+    for pos in history_end..messages.len() {
+        let link = match segments::link_near(at, pos, last_caller) {
+            Some(link) => link,
+            None => full.get_or_insert_with(|| segments::link_results(messages.iter()))[pos],
+        };
+        if let Some((owner, _)) = link {
+            items[pos].history = owner < history_end;
+        }
+        if is_caller(&messages[pos]) {
+            last_caller = Some(pos);
+        }
+    }
+}
 
 /// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,8 +141,9 @@ pub struct Plan {
 enum Part {
     /// The input message at this position, as given.
     Unchanged(usize),
-    /// A message a step changed or made.
-    Changed(Message),
+    /// A message a step changed or made (boxed: a plan holds one part per message sent, and
+    /// most are `Unchanged`).
+    Changed(Box<Message>),
 }
 
 impl Plan {
@@ -129,7 +155,7 @@ impl Plan {
             .into_iter()
             .filter_map(|part| match part {
                 Part::Unchanged(p) => messages.get(p).cloned(),
-                Part::Changed(m) => Some(m),
+                Part::Changed(m) => Some(*m),
             })
             .collect();
         Rewritten {
@@ -149,7 +175,7 @@ impl Plan {
                 Part::Unchanged(p) => messages
                     .get_mut(p)
                     .map(|m| std::mem::replace(m, Message::text(Role::User, ""))),
-                Part::Changed(m) => Some(m),
+                Part::Changed(m) => Some(*m),
             })
             .collect();
         Rewritten {
@@ -192,29 +218,20 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         .zip(counts)
         .enumerate()
         .map(|(index, (m, tokens))| Item {
-            msg: Cow::Borrowed(m),
+            msg: Msg::Borrowed(m),
             index: Some(index),
             tokens,
-            id: input.ids.map(|ids| ids[index]),
             history: index < history_end,
         })
         .collect();
-    // A result belongs with its call: a late result of a history call is history too, so the
-    // steps treat it as they treat its call and a second run finds nothing left to do.
     let mut items = items;
-    for (pos, link) in segments::link_results(input.messages.iter())
-        .into_iter()
-        .enumerate()
-    {
-        if let Some((owner, _)) = link {
-            items[pos].history = items[owner].history;
-        }
-    }
+    mark_late_results(&mut items, input.messages, history_end);
     let mut work = Work {
         items,
         report: Report::default(),
         encoding,
         counter,
+        ids: input.ids,
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 
@@ -258,8 +275,9 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         .items
         .into_iter()
         .map(|item| match (item.msg, item.index) {
-            (Cow::Borrowed(_), Some(p)) => Part::Unchanged(p),
-            (msg, _) => Part::Changed(msg.into_owned()),
+            (Msg::Borrowed(_), Some(p)) => Part::Unchanged(p),
+            (Msg::Borrowed(m), None) => Part::Changed(Box::new(m.clone())),
+            (Msg::Owned(m), _) => Part::Changed(m),
         })
         .collect();
     Ok(Plan {

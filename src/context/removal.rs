@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::conversation::{Message, Role, ToolCall};
 
 use super::report::RemoveReason;
-use super::segments::link_results;
+use super::segments::{link_near, link_results};
 use super::work::Work;
 
 /// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
@@ -25,41 +25,45 @@ pub(crate) fn remove_calls(
     // calls of the message at `pos` start in `gone`.
     let mut first_call = Vec::with_capacity(work.items.len() + 1);
     let mut gone = Vec::new();
-    let mut any = false;
+    let mut losing = Vec::new(); // positions of the messages that lose a call
     for (pos, item) in work.items.iter().enumerate() {
         first_call.push(gone.len());
-        let calls = item.msg.tool_calls();
-        let offered = item.history && item.msg.role == Role::Assistant;
-        for (i, call) in calls.iter().enumerate() {
-            let doomed = offered && doomed(pos, i, call);
+        if !(item.history && item.msg.role == Role::Assistant) {
+            continue;
+        }
+        let mut any = false;
+        for (i, call) in item.msg.tool_calls().iter().enumerate() {
+            let doomed = doomed(pos, i, call);
             any |= doomed;
             gone.push(doomed);
         }
+        if any {
+            losing.push(pos);
+        }
     }
-    if !any {
+    if losing.is_empty() {
         return;
     }
-    let is_gone = |pos: usize, i: usize| gone[first_call[pos] + i];
-    let links = link_results(work.items.iter().map(|i| &*i.msg));
-    let mut drop_pos: Vec<bool> = links
-        .iter()
-        .map(|link| link.is_some_and(|(owner, i)| is_gone(owner, i)))
-        .collect();
+    // Only history assistant messages have entries in `gone`, so only they can lose calls.
+    let is_gone = |pos: usize, i: usize| {
+        let item = &work.items[pos];
+        item.history && item.msg.role == Role::Assistant && gone[first_call[pos] + i]
+    };
+    let mut drop_pos = doomed_results(work, is_gone);
     let encoding = work.encoding;
     let mut placeholders = 0u64;
-    for (pos, item) in work.items.iter_mut().enumerate() {
+    for pos in losing {
+        let item = &mut work.items[pos];
         let n_calls = item.msg.tool_calls().len();
-        let n_gone = (0..n_calls).filter(|&i| is_gone(pos, i)).count();
-        if n_gone == 0 {
-            continue;
-        }
+        let doomed_here: Vec<usize> = (0..n_calls)
+            .filter(|&i| gone[first_call[pos] + i])
+            .collect();
         // A message that loses every call and has nothing else to say is dropped: decide that
         // before copying it, since on a long conversation most removed calls are of this kind.
-        if !placeholder && n_gone == n_calls && !has_payload(&item.msg) {
+        if !placeholder && doomed_here.len() == n_calls && !has_payload(&item.msg) {
             drop_pos[pos] = true;
             continue;
         }
-        let doomed_here: Vec<usize> = (0..n_calls).filter(|&i| is_gone(pos, i)).collect();
         let msg = item.msg.to_mut();
         let names = take_calls(msg, &doomed_here);
         if placeholder {
@@ -81,6 +85,29 @@ pub(crate) fn remove_calls(
     }
     work.report.placeholders += placeholders;
     work.remove_where(reason, |pos, _| drop_pos[pos]);
+}
+
+/// Which positions hold a result of a call for which `is_gone(assistant position, call index)`.
+fn doomed_results(work: &Work<'_>, is_gone: impl Fn(usize, usize) -> bool) -> Vec<bool> {
+    let items = &work.items;
+    let at = |p: usize| &*items[p].msg;
+    let mut out = vec![false; items.len()];
+    let mut last_caller = None;
+    let mut full: Option<Vec<Option<(usize, usize)>>> = None;
+    for (pos, item) in items.iter().enumerate() {
+        let link = match &full {
+            Some(links) => links[pos],
+            None => match link_near(at, pos, last_caller) {
+                Some(link) => link,
+                None => full.insert(link_results(items.iter().map(|i| &*i.msg)))[pos],
+            },
+        };
+        out[pos] = link.is_some_and(|(owner, i)| is_gone(owner, i));
+        if item.msg.role == Role::Assistant && item.msg.has_tool_calls() {
+            last_caller = Some(pos);
+        }
+    }
+    out
 }
 
 /// Takes the calls at `indices` (ascending) out of `msg`, returning their function names.

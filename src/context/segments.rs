@@ -39,6 +39,52 @@ pub fn link_results<'m>(
     links
 }
 
+/// The call the message at `pos` answers when that is cheap to tell: `Some(link)` when `pos` is
+/// not a tool message or `last_caller` (the nearest assistant message with tool calls before
+/// `pos`) has a call with its id, which is how results normally sit; `None` when only the whole
+/// map of [`link_results`] can say. Agrees with [`link_results`] wherever it answers.
+pub fn link_near<'m>(
+    messages: impl Fn(usize) -> &'m Message,
+    pos: usize,
+    last_caller: Option<usize>,
+) -> Option<Option<(usize, usize)>> {
+    let m = messages(pos);
+    if m.role != Role::Tool {
+        return Some(None);
+    }
+    // No id, or no call before it at all: certainly unlinked.
+    let (Some(id), Some(owner)) = (m.tool_call_id.as_deref(), last_caller) else {
+        return Some(None);
+    };
+    let call = messages(owner)
+        .tool_calls()
+        .iter()
+        .position(|c| c.id == id)?;
+    Some(Some((owner, call)))
+}
+
+/// Links results to calls like [`link_results`], without hashing ids when every result's call
+/// is in the nearest assistant message with tool calls before it (then the cost is a string
+/// comparison per result); otherwise falls back to [`link_results`] once.
+pub fn link_results_near<'m>(
+    messages: impl Fn(usize) -> &'m Message + Copy,
+    len: usize,
+) -> Vec<Option<(usize, usize)>> {
+    let mut links = Vec::with_capacity(len);
+    let mut last_caller = None;
+    for pos in 0..len {
+        match link_near(messages, pos, last_caller) {
+            Some(link) => links.push(link),
+            None => return link_results((0..len).map(messages)),
+        }
+        let m = messages(pos);
+        if m.role == Role::Assistant && m.has_tool_calls() {
+            last_caller = Some(pos);
+        }
+    }
+    links
+}
+
 /// Splits `messages[range]` into segments (absolute positions), oldest first.
 pub fn segments<'m>(
     messages: impl Fn(usize) -> &'m Message,

@@ -2,24 +2,65 @@
 //! a step changes it (copy on write), so untouched messages go out exactly as they came in and
 //! cost one clone at the end. Every entry carries its token count, computed once per version of
 //! the message: a message is tokenised again only after a step has changed it.
+//!
+//! An entry is kept small (a changed message lives in a box) because the steps move entries
+//! around: on a long conversation moving fat entries was the largest per-message cost of a turn.
 
-use std::borrow::Cow;
+use std::ops::Deref;
 
 use crate::conversation::{Message, MessageId, Role};
 use crate::tokens::{Encoding, TokenCounter, message_tokens};
 
 use super::report::{RemoveReason, Removed, Report};
 
+/// A message of the working copy: the caller's, or one a step changed or made.
+#[derive(Debug, Clone)]
+pub(crate) enum Msg<'a> {
+    Borrowed(&'a Message),
+    Owned(Box<Message>),
+}
+
+impl<'a> Msg<'a> {
+    /// A message the pipeline made.
+    pub fn owned(msg: Message) -> Self {
+        Msg::Owned(Box::new(msg))
+    }
+
+    /// The message for changing, copied first if it is still the caller's.
+    pub fn to_mut(&mut self) -> &mut Message {
+        if let Msg::Borrowed(m) = *self {
+            *self = Msg::Owned(Box::new(m.clone()));
+        }
+        match self {
+            Msg::Owned(m) => m,
+            Msg::Borrowed(_) => unreachable!("just replaced by an owned copy"),
+        }
+    }
+
+    /// Whether this is still the caller's message, unchanged.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self, Msg::Borrowed(_))
+    }
+}
+
+impl Deref for Msg<'_> {
+    type Target = Message;
+
+    fn deref(&self) -> &Message {
+        match self {
+            Msg::Borrowed(m) => m,
+            Msg::Owned(m) => m,
+        }
+    }
+}
+
 /// One message of the working copy.
 #[derive(Debug, Clone)]
 pub(crate) struct Item<'a> {
-    pub msg: Cow<'a, Message>,
+    pub msg: Msg<'a>,
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
-    /// The chained id of the message as given, when the caller passed ids; `None` for messages
-    /// the pipeline made.
-    pub id: Option<MessageId>,
     /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
     pub history: bool,
 }
@@ -37,6 +78,8 @@ pub(crate) struct Work<'a> {
     pub report: Report,
     pub encoding: Encoding,
     pub counter: &'a TokenCounter,
+    /// The chained ids of the conversation as given, when the caller passed them.
+    pub ids: Option<&'a [MessageId]>,
 }
 
 impl<'a> Work<'a> {
