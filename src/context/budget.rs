@@ -73,10 +73,14 @@ pub(crate) fn apply(
     while kept < candidates.len() && items[candidates[kept].start].msg.role != Role::User {
         kept += 1;
     }
-    let drop: HashSet<usize> = candidates[..kept].iter().flat_map(|s| s.clone()).collect();
-    if !drop.is_empty() {
-        work.remove_where(RemoveReason::TokenBudget, |pos, _| drop.contains(&pos));
+    if kept == 0 {
+        return;
     }
+    let mut drop = vec![false; items.len()];
+    for seg in &candidates[..kept] {
+        drop[seg.clone()].fill(true);
+    }
+    work.remove_where(RemoveReason::TokenBudget, |pos, _| drop[pos]);
 }
 
 /// Tokens of the results repair would make up for calls in `seg` that have no result in it.

@@ -150,34 +150,30 @@ impl Plan {
     /// The rewritten conversation, cloning the unchanged messages from `messages` (the
     /// conversation the plan was made from).
     pub fn cloned_from(self, messages: &[Message]) -> Rewritten {
-        let messages = self
-            .parts
-            .into_iter()
-            .filter_map(|part| match part {
-                Part::Unchanged(p) => messages.get(p).cloned(),
-                Part::Changed(m) => Some(*m),
-            })
-            .collect();
-        Rewritten {
-            messages,
-            report: self.report,
-        }
+        self.assemble(|p| messages.get(p).cloned())
     }
 
     /// The rewritten conversation, moving the unchanged messages out of `messages` (the
     /// conversation the plan was made from), which is left holding empty messages in their
     /// place and the messages the rewrite dropped.
     pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
-        let messages = self
-            .parts
-            .into_iter()
-            .filter_map(|part| match part {
-                Part::Unchanged(p) => messages
-                    .get_mut(p)
-                    .map(|m| std::mem::replace(m, Message::text(Role::User, ""))),
-                Part::Changed(m) => Some(*m),
-            })
-            .collect();
+        self.assemble(|p| {
+            messages
+                .get_mut(p)
+                .map(|m| std::mem::replace(m, Message::text(Role::User, "")))
+        })
+    }
+
+    /// The messages of the plan in order, `unchanged(p)` giving the input's message at `p`.
+    fn assemble(self, mut unchanged: impl FnMut(usize) -> Option<Message>) -> Rewritten {
+        // Sized once: growing a vector of messages would copy them all again at each doubling.
+        let mut messages = Vec::with_capacity(self.parts.len());
+        for part in self.parts {
+            match part {
+                Part::Unchanged(p) => messages.extend(unchanged(p)),
+                Part::Changed(m) => messages.push(*m),
+            }
+        }
         Rewritten {
             messages,
             report: self.report,
