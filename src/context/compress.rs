@@ -250,8 +250,8 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
             }
         };
         let Some(result) = result else { continue };
-        let msg = item.msg.to_mut();
-        msg.content = Some(Value::String(result.text.clone()));
+        item.msg
+            .set_content(Some(Value::String(result.text.clone())));
         // The other fields cost `item.tokens - tokens_before` (see `compress_item`), so the
         // shortened message costs that plus the new text, without tokenising it again.
         item.tokens = item.tokens.saturating_sub(result.tokens_before) + result.tokens_after;

@@ -8,6 +8,8 @@
 
 use std::ops::Deref;
 
+use serde_json::Value;
+
 use crate::conversation::{Message, MessageId, Role};
 use crate::tokens::{Encoding, TokenCounter, message_tokens};
 
@@ -34,6 +36,24 @@ impl<'a> Msg<'a> {
         match self {
             Msg::Owned(m) => m,
             Msg::Borrowed(_) => unreachable!("just replaced by an owned copy"),
+        }
+    }
+
+    /// Replaces the content, copying the rest of the message if it is still the caller's (but
+    /// not the old content: a long tool result is not copied only to be thrown away).
+    pub fn set_content(&mut self, content: Option<Value>) {
+        match self {
+            Msg::Owned(m) => m.content = content,
+            Msg::Borrowed(m) => {
+                *self = Msg::owned(Message {
+                    role: m.role.clone(),
+                    content,
+                    name: m.name.clone(),
+                    tool_calls: m.tool_calls.clone(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    extra: m.extra.clone(),
+                })
+            }
         }
     }
 
