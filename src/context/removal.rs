@@ -82,7 +82,9 @@ pub(crate) fn remove_calls(
         let doomed_here = &gone_calls[calls];
         // A message that loses every call and has nothing else to say is dropped: decide that
         // before copying it, since on a long conversation most removed calls are of this kind.
-        if !placeholder && doomed_here.len() == item.msg.tool_calls().len() && !has_payload(&item.msg)
+        if !placeholder
+            && doomed_here.len() == item.msg.tool_calls().len()
+            && !has_payload(&item.msg)
         {
             drop_pos[pos] = true;
             continue;
