@@ -32,6 +32,7 @@ mod removal;
 mod work;
 
 use std::collections::HashSet;
+use std::ops::Range;
 
 use serde_json::Value;
 
@@ -139,8 +140,9 @@ pub struct Plan {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Part {
-    /// The input message at this position, as given.
-    Unchanged(usize),
+    /// The input messages at these positions, as given (a run, so that a long unchanged stretch
+    /// is one part and moves as one).
+    Unchanged(Range<usize>),
     /// A message a step changed or made (boxed: a plan holds one part per message sent, and
     /// most are `Unchanged`).
     Changed(Box<Message>),
@@ -150,27 +152,35 @@ impl Plan {
     /// The rewritten conversation, cloning the unchanged messages from `messages` (the
     /// conversation the plan was made from).
     pub fn cloned_from(self, messages: &[Message]) -> Rewritten {
-        self.assemble(|p| messages.get(p).cloned())
+        self.assemble(|out, run| out.extend_from_slice(messages.get(run).unwrap_or_default()))
     }
 
     /// The rewritten conversation, moving the unchanged messages out of `messages` (the
     /// conversation the plan was made from), which is left holding empty messages in their
     /// place and the messages the rewrite dropped.
     pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
-        self.assemble(|p| {
-            messages
-                .get_mut(p)
-                .map(|m| std::mem::replace(m, Message::text(Role::User, "")))
+        self.assemble(|out, run| {
+            let taken = messages.get_mut(run).unwrap_or_default().iter_mut();
+            out.extend(taken.map(|m| std::mem::replace(m, Message::text(Role::User, ""))));
         })
     }
 
-    /// The messages of the plan in order, `unchanged(p)` giving the input's message at `p`.
-    fn assemble(self, mut unchanged: impl FnMut(usize) -> Option<Message>) -> Rewritten {
+    /// The messages of the plan in order, `unchanged(out, run)` appending the input's messages
+    /// in `run`.
+    fn assemble(self, mut unchanged: impl FnMut(&mut Vec<Message>, Range<usize>)) -> Rewritten {
         // Sized once: growing a vector of messages would copy them all again at each doubling.
-        let mut messages = Vec::with_capacity(self.parts.len());
+        let len = self
+            .parts
+            .iter()
+            .map(|part| match part {
+                Part::Unchanged(run) => run.len(),
+                Part::Changed(_) => 1,
+            })
+            .sum();
+        let mut messages = Vec::with_capacity(len);
         for part in self.parts {
             match part {
-                Part::Unchanged(p) => messages.extend(unchanged(p)),
+                Part::Unchanged(run) => unchanged(&mut messages, run),
                 Part::Changed(m) => messages.push(*m),
             }
         }
@@ -267,15 +277,17 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
             needed: tokens_out,
         });
     }
-    let parts = work
-        .items
-        .into_iter()
-        .map(|item| match (item.msg, item.index) {
-            (Msg::Borrowed(_), Some(p)) => Part::Unchanged(p),
-            (Msg::Borrowed(m), None) => Part::Changed(Box::new(m.clone())),
-            (Msg::Owned(m), _) => Part::Changed(m),
-        })
-        .collect();
+    let mut parts: Vec<Part> = Vec::new();
+    for item in work.items {
+        match (item.msg, item.index) {
+            (Msg::Borrowed(_), Some(p)) => match parts.last_mut() {
+                Some(Part::Unchanged(run)) if run.end == p => run.end += 1,
+                _ => parts.push(Part::Unchanged(p..p + 1)),
+            },
+            (Msg::Borrowed(m), None) => parts.push(Part::Changed(Box::new(m.clone()))),
+            (Msg::Owned(m), _) => parts.push(Part::Changed(m)),
+        }
+    }
     Ok(Plan {
         parts,
         report: work.report,
