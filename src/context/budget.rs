@@ -89,7 +89,7 @@ pub(crate) fn apply(
     for seg in &candidates[..kept] {
         drop[seg.clone()].fill(true);
     }
-    work.remove_where(RemoveReason::TokenBudget, |pos, _| drop[pos]);
+    work.remove_marked(RemoveReason::TokenBudget, &drop);
 }
 
 /// Whether the budget keeps every message, known without cutting the history into segments

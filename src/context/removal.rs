@@ -109,7 +109,7 @@ pub(crate) fn remove_calls(
         item.tokens = crate::tokens::message_tokens(encoding, msg);
     }
     work.report.placeholders += placeholders;
-    work.remove_where(reason, |pos, _| drop_pos[pos]);
+    work.remove_marked(reason, &drop_pos);
 }
 
 /// A history assistant message that loses calls: its position, and where its doomed call

@@ -113,29 +113,46 @@ impl<'a> Work<'a> {
         self.items.iter().map(|i| i.tokens).sum()
     }
 
-    /// Drops the items for which `keep` is false, reporting each with `reason`.
+    /// Drops the items for which `doomed(position, item)` is true, reporting each with `reason`.
     pub fn remove_where(
         &mut self,
         reason: RemoveReason,
         mut doomed: impl FnMut(usize, &Item) -> bool,
     ) {
-        // In place: no new vector, and kept items move only when something before them went.
-        let report = &mut self.report;
-        let mut pos = 0;
-        self.items.retain(|item| {
-            let gone = doomed(pos, item);
-            pos += 1;
-            if gone {
+        let marked: Vec<bool> = self
+            .items
+            .iter()
+            .enumerate()
+            .map(|(pos, item)| doomed(pos, item))
+            .collect();
+        self.remove_marked(reason, &marked);
+    }
+
+    /// Drops the items at the positions marked in `doomed`, reporting each with `reason`.
+    pub fn remove_marked(&mut self, reason: RemoveReason, doomed: &[bool]) {
+        // In place: kept items move only when something before them went, each once.
+        let Some(first) = doomed.iter().position(|&d| d) else {
+            return;
+        };
+        let gone = doomed[first..].iter().filter(|&&d| d).count();
+        self.report.removed.reserve(gone);
+        let mut write = first;
+        for read in first..self.items.len() {
+            if doomed.get(read).copied().unwrap_or(false) {
+                let item = &self.items[read];
                 if let Some(index) = item.index {
-                    report.removed.push(Removed {
+                    self.report.removed.push(Removed {
                         index,
                         role: item.msg.role.clone(),
                         reason,
                     });
                 }
+            } else {
+                self.items.swap(write, read);
+                write += 1;
             }
-            !gone
-        });
+        }
+        self.items.truncate(write);
     }
 }
 
