@@ -63,28 +63,6 @@ pub fn link_near<'m>(
     Some(Some((owner, call)))
 }
 
-/// Links results to calls like [`link_results`], without hashing ids when every result's call
-/// is in the nearest assistant message with tool calls before it (then the cost is a string
-/// comparison per result); otherwise falls back to [`link_results`] once.
-pub fn link_results_near<'m>(
-    messages: impl Fn(usize) -> &'m Message + Copy,
-    len: usize,
-) -> Vec<Option<(usize, usize)>> {
-    let mut links = Vec::with_capacity(len);
-    let mut last_caller = None;
-    for pos in 0..len {
-        match link_near(messages, pos, last_caller) {
-            Some(link) => links.push(link),
-            None => return link_results((0..len).map(messages)),
-        }
-        let m = messages(pos);
-        if m.role == Role::Assistant && m.has_tool_calls() {
-            last_caller = Some(pos);
-        }
-    }
-    links
-}
-
 /// Splits `messages[range]` into segments (absolute positions), oldest first.
 pub fn segments<'m>(
     messages: impl Fn(usize) -> &'m Message,
@@ -134,6 +112,39 @@ mod tests {
             links,
             vec![None, Some((0, 0)), None, None, Some((3, 0)), None]
         );
+    }
+
+    #[test]
+    fn link_near_agrees_with_the_full_map_where_it_answers() {
+        let m = conv(json!([
+            {"role":"tool","tool_call_id":"a","content":"orphan before any call"},
+            {"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}},
+                                              {"id":"b","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"b","content":"1"},
+            {"role":"tool","tool_call_id":"a","content":"2"},
+            {"role":"assistant","content":"no calls"},
+            {"role":"tool","tool_call_id":"a","content":"late, same owner"},
+            {"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"late, older owner"},
+            {"role":"tool","content":"no id"}
+        ]));
+        let full = link_results(m.iter());
+        let mut last_caller = None;
+        let mut answered = Vec::new();
+        for pos in 0..m.len() {
+            answered.push(link_near(|p| &m[p], pos, last_caller));
+            if m[pos].has_tool_calls() {
+                last_caller = Some(pos);
+            }
+        }
+        for (pos, near) in answered.iter().enumerate() {
+            if let Some(link) = near {
+                assert_eq!(*link, full[pos], "position {pos}");
+            }
+        }
+        // Only the result whose call is not in the nearest caller needs the full map.
+        assert_eq!(answered[7], None);
+        assert_eq!(answered.iter().filter(|a| a.is_none()).count(), 1);
     }
 
     #[test]
