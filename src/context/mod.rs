@@ -143,8 +143,7 @@ enum Part {
     /// The input messages at these positions, as given (a run, so that a long unchanged stretch
     /// is one part and moves as one).
     Unchanged(Range<usize>),
-    /// A message a step changed or made (boxed: a plan holds one part per message sent, and
-    /// most are `Unchanged`).
+    /// A message a step changed or made (boxed, so that a part stays small whatever it holds).
     Changed(Box<Message>),
 }
 
@@ -218,7 +217,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for the whole conversation, new text tokenised together.
     let counts = counter.messages(encoding, input.messages, input.ids);
-    let items: Vec<Item<'_>> = input
+    let mut items: Vec<Item<'_>> = input
         .messages
         .iter()
         .zip(counts)
@@ -230,7 +229,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
             history: index < history_end,
         })
         .collect();
-    let mut items = items;
     mark_late_results(&mut items, input.messages, history_end);
     let mut work = Work {
         items,
