@@ -16,41 +16,10 @@ use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main
 use ctxproxy::context::{PipelineInput, Plan, Policy, plan, run};
 use ctxproxy::conversation::{Message, MessageId, chain_ids, message_id};
 use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
-use serde_json::{Value, json};
+use serde_json::json;
 
-const STATUS: [&str; 3] = ["paid", "refunded", "pending"];
-
-/// A 500-message agent conversation: system, then 100 rounds of question, tool call, a large
-/// tool result, reply, and a follow-up note (the last round ends with the current question).
-fn conversation() -> Vec<Value> {
-    let mut v =
-        vec![json!({"role": "system", "content": "You are an operations agent. ".repeat(20)})];
-    for r in 0..100 {
-        v.push(json!({"role": "user", "content": format!("Round {r}: check the orders of customer {} and summarise anything unusual in the last week, please.", r * 7919 % 10007)}));
-        v.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": format!("call_{r}"), "type": "function",
-            "function": {"name": "query_orders", "arguments": json!({"customer": r * 7919 % 10007, "days": 7, "fields": ["id", "total", "status"]}).to_string()}}]}));
-        let rows: Vec<Value> = (0..40)
-            .map(|i| json!({"id": format!("ord-{r}-{i}"), "total": (r * 31 + i * 17) % 1000, "status": STATUS[i % 3],
-                "note": format!("customer asked about delivery window {i} and invoice {r}-{i}")}))
-            .collect();
-        v.push(json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": json!({"orders": rows, "count": 40}).to_string()}));
-        v.push(json!({"role": "assistant", "content": format!("Customer {} placed 40 orders; {} were refunded, which is higher than usual. The pending ones are recent. ", r * 7919 % 10007, 13).repeat(3)}));
-        if r < 99 {
-            v.push(json!({"role": "user", "content": "Thanks, noted."}));
-        }
-    }
-    v.truncate(500);
-    v
-}
-
-fn policy() -> Policy {
-    serde_json::from_value(json!({
-        "tool_call_window": {"max": 10},
-        "compress_tool_output": {"max_tokens": 300},
-        "token_budget": {"target_ratio": 0.6}
-    }))
-    .unwrap_or_default()
-}
+mod workload;
+use workload::{conversation, policy};
 
 fn bench(c: &mut Criterion) {
     let values = conversation();

@@ -85,6 +85,26 @@ fn budget_keeps_newest_whole_history_from_a_user_message() {
 }
 
 #[test]
+fn budget_that_fits_still_starts_kept_history_at_a_user_message() {
+    // Everything fits, but the history opens with an assistant message: it goes all the same.
+    let msgs = messages(&json!({"messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "assistant", "content": "left over from an earlier session"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and now?"}
+    ]}));
+    let out = rewrite(
+        &msgs,
+        &policy(json!({"token_budget": {"max_tokens": 100_000}})),
+    );
+    assert_eq!(out.messages, [&msgs[..1], &msgs[2..]].concat());
+    assert_eq!(out.report.removed.len(), 1);
+    assert_eq!(out.report.removed[0].index, 1);
+    assert_eq!(out.report.removed[0].reason, RemoveReason::TokenBudget);
+}
+
+#[test]
 fn budget_ratio_is_a_share_of_the_context_window() {
     let msgs = weather();
     let p = policy(json!({"token_budget": {"target_ratio": 0.5}}));

@@ -28,7 +28,13 @@ pub fn no_result_message(call_id: &str) -> Message {
 /// Always kept by the budget: instructions, the summary, the current turn (and anything after
 /// its start, such as a late result of a history call).
 fn fixed(item: &Item<'_>, pos: usize, current_start: usize) -> bool {
-    pos >= current_start || !item.history || item.index.is_none() || item.msg.role.is_instruction()
+    pos >= current_start || !droppable(item)
+}
+
+/// Whether an item before the current turn may be dropped by the budget at all: history the
+/// caller gave that is not an instruction.
+fn droppable(item: &Item<'_>) -> bool {
+    item.history && item.index.is_some() && !item.msg.role.is_instruction()
 }
 
 pub(crate) fn apply(
@@ -39,6 +45,9 @@ pub(crate) fn apply(
     unanswered: UnansweredCalls,
 ) {
     let limit = budget.limit(context_window);
+    if unanswered == UnansweredCalls::Drop && keeps_all(&work.items, limit, tools_tokens) {
+        return;
+    }
     let encoding = work.encoding;
     let items = &work.items;
     let cost = |seg: std::ops::Range<usize>| -> u64 {
@@ -73,10 +82,44 @@ pub(crate) fn apply(
     while kept < candidates.len() && items[candidates[kept].start].msg.role != Role::User {
         kept += 1;
     }
-    let drop: HashSet<usize> = candidates[..kept].iter().flat_map(|s| s.clone()).collect();
-    if !drop.is_empty() {
-        work.remove_where(RemoveReason::TokenBudget, |pos, _| drop.contains(&pos));
+    if kept == 0 {
+        return;
     }
+    let mut drop = vec![false; items.len()];
+    for seg in &candidates[..kept] {
+        drop[seg.clone()].fill(true);
+    }
+    work.remove_marked(RemoveReason::TokenBudget, &drop);
+}
+
+/// Whether the budget keeps every message, known without cutting the history into segments
+/// and costing each: the whole request fits (so every segment fits, newest first) and the first
+/// segment the budget may drop starts at a `user` message (so none is let go to make the kept
+/// history start at one). Only for `unanswered_calls: drop`, where a segment costs its tokens.
+fn keeps_all(items: &[Item<'_>], limit: u64, tools_tokens: u64) -> bool {
+    let total: u64 = items.iter().map(|i| i.tokens).sum();
+    if REQUEST_OVERHEAD + tools_tokens + total > limit {
+        return false;
+    }
+    // The segments from the start, as `segments` makes them, up to the first the budget may
+    // drop; `current` tells whether the current turn has started at or before a position.
+    let mut pos = 0;
+    let mut current = false;
+    while pos < items.len() {
+        let start = pos;
+        current |= !items[pos].history;
+        pos += 1;
+        if items[start].msg.has_tool_calls() {
+            while pos < items.len() && items[pos].msg.role == Role::Tool {
+                current |= !items[pos].history;
+                pos += 1;
+            }
+        }
+        if !current && droppable(&items[start]) {
+            return items[start].msg.role == Role::User;
+        }
+    }
+    true
 }
 
 /// Tokens of the results repair would make up for calls in `seg` that have no result in it.

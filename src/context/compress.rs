@@ -6,7 +6,6 @@
 //! top-level scalars are the last thing given up. The summariser reduces tool results with the
 //! same function ([`compress`]).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -224,6 +223,7 @@ fn suffix(text: &str, total_chars: usize, n: usize) -> &str {
 pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
     let encoding = work.encoding;
     let counter = work.counter;
+    let ids = work.ids;
     let max = policy.max_tokens;
     let mut done = Vec::new();
     for item in work.items.iter_mut().filter(|i| i.is_history_tool()) {
@@ -233,7 +233,10 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
             continue;
         }
         // An unchanged message with an id may have been compressed on an earlier turn.
-        let key = item.id.filter(|_| matches!(item.msg, Cow::Borrowed(_)));
+        let key = item
+            .index
+            .filter(|_| item.msg.is_borrowed())
+            .and_then(|index| ids.and_then(|ids| ids.get(index)).copied());
         let result = match key.and_then(|id| counter.compressed().get_variant(encoding, &id, max)) {
             Some(hit) => Some(hit),
             None => {
@@ -247,8 +250,8 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
             }
         };
         let Some(result) = result else { continue };
-        let msg = item.msg.to_mut();
-        msg.content = Some(Value::String(result.text.clone()));
+        item.msg
+            .set_content(Some(Value::String(result.text.clone())));
         // The other fields cost `item.tokens - tokens_before` (see `compress_item`), so the
         // shortened message costs that plus the new text, without tokenising it again.
         item.tokens = item.tokens.saturating_sub(result.tokens_before) + result.tokens_after;

@@ -31,8 +31,8 @@ pub mod tool_window;
 mod removal;
 mod work;
 
-use std::borrow::Cow;
 use std::collections::HashSet;
+use std::ops::Range;
 
 use serde_json::Value;
 
@@ -45,7 +45,33 @@ pub use report::{Compressed, RemoveReason, Removed, RepairKind, Repaired, Report
 pub use summary::{StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::offered_tool_names;
 
-use work::{Item, Work, current_turn_start};
+use work::{Item, Msg, Work, current_turn_start};
+
+/// A result belongs with its call: a late result of a history call is history too, so the steps
+/// treat it as they treat its call and a second run finds nothing left to do. Only results in the
+/// current turn can be late in this sense, so only they are linked.
+fn mark_late_results(items: &mut [Item<'_>], messages: &[Message], history_end: usize) {
+    let current = messages.get(history_end..).unwrap_or_default();
+    if !current.iter().any(|m| m.role == Role::Tool) {
+        return;
+    }
+    let at = |p: usize| &messages[p];
+    let is_caller = |m: &Message| m.role == Role::Assistant && m.has_tool_calls();
+    let mut last_caller = messages[..history_end].iter().rposition(is_caller);
+    let mut full = None;
+    for pos in history_end..messages.len() {
+        let link = match segments::link_near(at, pos, last_caller) {
+            Some(link) => link,
+            None => full.get_or_insert_with(|| segments::link_results(messages.iter()))[pos],
+        };
+        if let Some((owner, _)) = link {
+            items[pos].history = owner < history_end;
+        }
+        if is_caller(&messages[pos]) {
+            last_caller = Some(pos);
+        }
+    }
+}
 
 /// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -114,44 +140,49 @@ pub struct Plan {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Part {
-    /// The input message at this position, as given.
-    Unchanged(usize),
-    /// A message a step changed or made.
-    Changed(Message),
+    /// The input messages at these positions, as given (a run, so that a long unchanged stretch
+    /// is one part and moves as one).
+    Unchanged(Range<usize>),
+    /// A message a step changed or made (boxed, so that a part stays small whatever it holds).
+    Changed(Box<Message>),
 }
 
 impl Plan {
     /// The rewritten conversation, cloning the unchanged messages from `messages` (the
     /// conversation the plan was made from).
     pub fn cloned_from(self, messages: &[Message]) -> Rewritten {
-        let messages = self
-            .parts
-            .into_iter()
-            .filter_map(|part| match part {
-                Part::Unchanged(p) => messages.get(p).cloned(),
-                Part::Changed(m) => Some(m),
-            })
-            .collect();
-        Rewritten {
-            messages,
-            report: self.report,
-        }
+        self.assemble(|out, run| out.extend_from_slice(messages.get(run).unwrap_or_default()))
     }
 
     /// The rewritten conversation, moving the unchanged messages out of `messages` (the
     /// conversation the plan was made from), which is left holding empty messages in their
     /// place and the messages the rewrite dropped.
     pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
-        let messages = self
+        self.assemble(|out, run| {
+            let taken = messages.get_mut(run).unwrap_or_default().iter_mut();
+            out.extend(taken.map(|m| std::mem::replace(m, Message::text(Role::User, ""))));
+        })
+    }
+
+    /// The messages of the plan in order, `unchanged(out, run)` appending the input's messages
+    /// in `run`.
+    fn assemble(self, mut unchanged: impl FnMut(&mut Vec<Message>, Range<usize>)) -> Rewritten {
+        // Sized once: growing a vector of messages would copy them all again at each doubling.
+        let len = self
             .parts
-            .into_iter()
-            .filter_map(|part| match part {
-                Part::Unchanged(p) => messages
-                    .get_mut(p)
-                    .map(|m| std::mem::replace(m, Message::text(Role::User, ""))),
-                Part::Changed(m) => Some(m),
+            .iter()
+            .map(|part| match part {
+                Part::Unchanged(run) => run.len(),
+                Part::Changed(_) => 1,
             })
-            .collect();
+            .sum();
+        let mut messages = Vec::with_capacity(len);
+        for part in self.parts {
+            match part {
+                Part::Unchanged(run) => unchanged(&mut messages, run),
+                Part::Changed(m) => messages.push(*m),
+            }
+        }
         Rewritten {
             messages,
             report: self.report,
@@ -186,35 +217,25 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for the whole conversation, new text tokenised together.
     let counts = counter.messages(encoding, input.messages, input.ids);
-    let items: Vec<Item<'_>> = input
+    let mut items: Vec<Item<'_>> = input
         .messages
         .iter()
         .zip(counts)
         .enumerate()
         .map(|(index, (m, tokens))| Item {
-            msg: Cow::Borrowed(m),
+            msg: Msg::Borrowed(m),
             index: Some(index),
             tokens,
-            id: input.ids.map(|ids| ids[index]),
             history: index < history_end,
         })
         .collect();
-    // A result belongs with its call: a late result of a history call is history too, so the
-    // steps treat it as they treat its call and a second run finds nothing left to do.
-    let mut items = items;
-    for (pos, link) in segments::link_results(input.messages.iter())
-        .into_iter()
-        .enumerate()
-    {
-        if let Some((owner, _)) = link {
-            items[pos].history = items[owner].history;
-        }
-    }
+    mark_late_results(&mut items, input.messages, history_end);
     let mut work = Work {
         items,
         report: Report::default(),
         encoding,
         counter,
+        ids: input.ids,
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 
@@ -254,14 +275,17 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
             needed: tokens_out,
         });
     }
-    let parts = work
-        .items
-        .into_iter()
-        .map(|item| match (item.msg, item.index) {
-            (Cow::Borrowed(_), Some(p)) => Part::Unchanged(p),
-            (msg, _) => Part::Changed(msg.into_owned()),
-        })
-        .collect();
+    let mut parts: Vec<Part> = Vec::new();
+    for item in work.items {
+        match (item.msg, item.index) {
+            (Msg::Borrowed(_), Some(p)) => match parts.last_mut() {
+                Some(Part::Unchanged(run)) if run.end == p => run.end += 1,
+                _ => parts.push(Part::Unchanged(p..p + 1)),
+            },
+            (Msg::Borrowed(m), None) => parts.push(Part::Changed(Box::new(m.clone()))),
+            (Msg::Owned(m), _) => parts.push(Part::Changed(m)),
+        }
+    }
     Ok(Plan {
         parts,
         report: work.report,

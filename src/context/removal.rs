@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::conversation::{Message, Role, ToolCall};
 
 use super::report::RemoveReason;
-use super::segments::link_results;
+use super::segments::{link_near, link_results};
 use super::work::Work;
 
 /// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
@@ -21,47 +21,76 @@ pub(crate) fn remove_calls(
     placeholder: bool,
     mut doomed: impl FnMut(usize, usize, &ToolCall) -> bool,
 ) {
-    // Flat tables indexed by position (no hashing per message): `first_call[pos]` is where the
-    // calls of the message at `pos` start in `gone`.
-    let mut first_call = Vec::with_capacity(work.items.len() + 1);
-    let mut gone = Vec::new();
-    let mut any = false;
-    for (pos, item) in work.items.iter().enumerate() {
-        first_call.push(gone.len());
-        let calls = item.msg.tool_calls();
-        let offered = item.history && item.msg.role == Role::Assistant;
-        for (i, call) in calls.iter().enumerate() {
-            let doomed = offered && doomed(pos, i, call);
-            any |= doomed;
-            gone.push(doomed);
+    let items = &work.items;
+    let n = items.len();
+    let at = |p: usize| &*items[p].msg;
+    // One pass: a call is decided before any result of it is seen (results follow their call),
+    // so a result is only linked once some call has gone. `gone_calls` holds the doomed call
+    // indices of the messages in `losing`, flat (no allocation per message).
+    let mut losing: Vec<Losing> = Vec::new();
+    let mut gone_calls: Vec<usize> = Vec::new();
+    let mut drop_pos: Vec<bool> = Vec::new();
+    let mut last_caller = None;
+    let mut full: Option<Vec<Option<(usize, usize)>>> = None;
+    for (pos, item) in items.iter().enumerate() {
+        match item.msg.role {
+            Role::Assistant if item.msg.has_tool_calls() => {
+                if item.history {
+                    let start = gone_calls.len();
+                    for (i, call) in item.msg.tool_calls().iter().enumerate() {
+                        if doomed(pos, i, call) {
+                            gone_calls.push(i);
+                        }
+                    }
+                    if gone_calls.len() > start {
+                        losing.push(Losing {
+                            pos,
+                            calls: start..gone_calls.len(),
+                        });
+                    }
+                }
+                last_caller = Some(pos);
+            }
+            Role::Tool if !losing.is_empty() => {
+                let link = match &full {
+                    Some(links) => links[pos],
+                    None => match link_near(at, pos, last_caller) {
+                        Some(link) => link,
+                        None => full.insert(link_results(items.iter().map(|i| &*i.msg)))[pos],
+                    },
+                };
+                if link.is_some_and(|(owner, i)| is_gone(&losing, &gone_calls, owner, i)) {
+                    if drop_pos.is_empty() {
+                        drop_pos = vec![false; n];
+                    }
+                    drop_pos[pos] = true;
+                }
+            }
+            _ => {}
         }
     }
-    if !any {
+    if losing.is_empty() {
         return;
     }
-    let is_gone = |pos: usize, i: usize| gone[first_call[pos] + i];
-    let links = link_results(work.items.iter().map(|i| &*i.msg));
-    let mut drop_pos: Vec<bool> = links
-        .iter()
-        .map(|link| link.is_some_and(|(owner, i)| is_gone(owner, i)))
-        .collect();
+    if drop_pos.is_empty() {
+        drop_pos = vec![false; n];
+    }
     let encoding = work.encoding;
     let mut placeholders = 0u64;
-    for (pos, item) in work.items.iter_mut().enumerate() {
-        let n_calls = item.msg.tool_calls().len();
-        let n_gone = (0..n_calls).filter(|&i| is_gone(pos, i)).count();
-        if n_gone == 0 {
-            continue;
-        }
+    for Losing { pos, calls } in losing {
+        let item = &mut work.items[pos];
+        let doomed_here = &gone_calls[calls];
         // A message that loses every call and has nothing else to say is dropped: decide that
         // before copying it, since on a long conversation most removed calls are of this kind.
-        if !placeholder && n_gone == n_calls && !has_payload(&item.msg) {
+        if !placeholder
+            && doomed_here.len() == item.msg.tool_calls().len()
+            && !has_payload(&item.msg)
+        {
             drop_pos[pos] = true;
             continue;
         }
-        let doomed_here: Vec<usize> = (0..n_calls).filter(|&i| is_gone(pos, i)).collect();
         let msg = item.msg.to_mut();
-        let names = take_calls(msg, &doomed_here);
+        let names = take_calls(msg, doomed_here);
         if placeholder {
             placeholders += names.len() as u64;
             let lines: Vec<String> = names
@@ -80,7 +109,27 @@ pub(crate) fn remove_calls(
         item.tokens = crate::tokens::message_tokens(encoding, msg);
     }
     work.report.placeholders += placeholders;
-    work.remove_where(reason, |pos, _| drop_pos[pos]);
+    work.remove_marked(reason, &drop_pos);
+}
+
+/// A history assistant message that loses calls: its position, and where its doomed call
+/// indices are in the flat list.
+struct Losing {
+    pos: usize,
+    calls: std::ops::Range<usize>,
+}
+
+/// Whether call `i` of the message at `owner` is doomed. The owner is nearly always the last
+/// losing message (results sit right after their call); otherwise a binary search finds it.
+fn is_gone(losing: &[Losing], gone_calls: &[usize], owner: usize, i: usize) -> bool {
+    let entry = match losing.last() {
+        Some(last) if last.pos == owner => Some(last),
+        _ => losing
+            .binary_search_by_key(&owner, |l| l.pos)
+            .ok()
+            .map(|k| &losing[k]),
+    };
+    entry.is_some_and(|l| gone_calls[l.calls.clone()].contains(&i))
 }
 
 /// Takes the calls at `indices` (ascending) out of `msg`, returning their function names.

@@ -8,7 +8,6 @@
 //! Results stay in the order they came in: those already right after their call first, then the
 //! moved ones, then made-up ones, so a conversation that is already valid comes out unchanged.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use super::budget::no_result_message;
@@ -16,10 +15,14 @@ use super::policy::{Repair, UnansweredCalls};
 use super::removal::has_payload;
 use super::report::{RepairKind, Repaired};
 use super::segments::link_results;
-use super::work::{Item, Work};
+use super::work::{Item, Msg, Work};
 use crate::conversation::Role;
 
 pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
+    // The usual case: nothing to repair, and no need to link every result to its call.
+    if already_valid(&work.items) {
+        return;
+    }
     let items = std::mem::take(&mut work.items);
     let links = link_results(items.iter().map(|i| &*i.msg));
     let n = items.len();
@@ -118,9 +121,8 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                     let tokens = work.count(&msg);
                     placeholders += 1;
                     out.push(Item {
-                        msg: Cow::Owned(msg),
+                        msg: Msg::owned(msg),
                         index: None,
-                        id: None,
                         tokens,
                         history,
                     });
@@ -141,4 +143,51 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
             .into_iter()
             .filter_map(|(pos, kind)| original[pos].map(|index| Repaired { index, kind })),
     );
+}
+
+/// Most parallel calls checked pairwise by [`already_valid`]; a larger message takes the general
+/// path (the pairwise check is quadratic).
+const PAIRWISE_CALLS: usize = 16;
+
+/// Whether repair would leave `items` as they are: every tool message is in the block right
+/// after an assistant message with tool calls, and each block answers exactly that message's
+/// calls (distinct ids, one result each, in any order); every assistant message has calls or a
+/// payload. Then every result links to its own block's call (that message is the nearest with
+/// tool calls before it), so repair finds no orphan, duplicate, moved result or unanswered call.
+fn already_valid(items: &[Item<'_>]) -> bool {
+    let mut pos = 0;
+    while pos < items.len() {
+        let msg = &items[pos].msg;
+        pos += 1;
+        match msg.role {
+            Role::Tool => return false, // not in a block: orphan, duplicate or moved
+            Role::Assistant if msg.has_tool_calls() => {
+                let calls = msg.tool_calls();
+                let block = items[pos..]
+                    .iter()
+                    .take_while(|i| i.msg.role == Role::Tool)
+                    .count();
+                if block != calls.len() || calls.len() > PAIRWISE_CALLS {
+                    return false;
+                }
+                let mut answered = [false; PAIRWISE_CALLS];
+                for (k, call) in calls.iter().enumerate() {
+                    if calls[..k].iter().any(|c| c.id == call.id) {
+                        return false;
+                    }
+                }
+                for result in &items[pos..pos + block] {
+                    let id = result.msg.tool_call_id.as_deref();
+                    match calls.iter().position(|c| Some(c.id.as_str()) == id) {
+                        Some(k) if !answered[k] => answered[k] = true,
+                        _ => return false,
+                    }
+                }
+                pos += block;
+            }
+            Role::Assistant if !has_payload(msg) => return false,
+            _ => {}
+        }
+    }
+    true
 }

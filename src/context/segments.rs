@@ -39,6 +39,30 @@ pub fn link_results<'m>(
     links
 }
 
+/// The call the message at `pos` answers when that is cheap to tell: `Some(link)` when `pos` is
+/// not a tool message or `last_caller` (the nearest assistant message with tool calls before
+/// `pos`) has a call with its id, which is how results normally sit; `None` when only the whole
+/// map of [`link_results`] can say. Agrees with [`link_results`] wherever it answers.
+pub fn link_near<'m>(
+    messages: impl Fn(usize) -> &'m Message,
+    pos: usize,
+    last_caller: Option<usize>,
+) -> Option<Option<(usize, usize)>> {
+    let m = messages(pos);
+    if m.role != Role::Tool {
+        return Some(None);
+    }
+    // No id, or no call before it at all: certainly unlinked.
+    let (Some(id), Some(owner)) = (m.tool_call_id.as_deref(), last_caller) else {
+        return Some(None);
+    };
+    let call = messages(owner)
+        .tool_calls()
+        .iter()
+        .position(|c| c.id == id)?;
+    Some(Some((owner, call)))
+}
+
 /// Splits `messages[range]` into segments (absolute positions), oldest first.
 pub fn segments<'m>(
     messages: impl Fn(usize) -> &'m Message,
@@ -88,6 +112,39 @@ mod tests {
             links,
             vec![None, Some((0, 0)), None, None, Some((3, 0)), None]
         );
+    }
+
+    #[test]
+    fn link_near_agrees_with_the_full_map_where_it_answers() {
+        let m = conv(json!([
+            {"role":"tool","tool_call_id":"a","content":"orphan before any call"},
+            {"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}},
+                                              {"id":"b","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"b","content":"1"},
+            {"role":"tool","tool_call_id":"a","content":"2"},
+            {"role":"assistant","content":"no calls"},
+            {"role":"tool","tool_call_id":"a","content":"late, same owner"},
+            {"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"late, older owner"},
+            {"role":"tool","content":"no id"}
+        ]));
+        let full = link_results(m.iter());
+        let mut last_caller = None;
+        let mut answered = Vec::new();
+        for pos in 0..m.len() {
+            answered.push(link_near(|p| &m[p], pos, last_caller));
+            if m[pos].has_tool_calls() {
+                last_caller = Some(pos);
+            }
+        }
+        for (pos, near) in answered.iter().enumerate() {
+            if let Some(link) = near {
+                assert_eq!(*link, full[pos], "position {pos}");
+            }
+        }
+        // Only the result whose call is not in the nearest caller needs the full map.
+        assert_eq!(answered[7], None);
+        assert_eq!(answered.iter().filter(|a| a.is_none()).count(), 1);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::policy::SummaryPolicy;
 use super::report::{RemoveReason, SummaryUse};
 use super::segments::segments;
-use super::work::{Item, Work, current_turn_start};
+use super::work::{Item, Msg, Work, current_turn_start};
 use crate::conversation::{Message, Role};
 
 /// The prefix of the summary message.
@@ -68,9 +68,8 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
     work.items.insert(
         lead,
         Item {
-            msg: std::borrow::Cow::Owned(msg),
+            msg: Msg::owned(msg),
             index: None,
-            id: None,
             tokens,
             history: true,
         },

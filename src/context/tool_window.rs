@@ -11,38 +11,38 @@ use super::work::Work;
 use crate::conversation::Role;
 
 pub(crate) fn apply(work: &mut Work<'_>, window: &ToolCallWindow) {
-    // History calls oldest first, as (assistant position, call index).
-    let calls: Vec<(usize, usize)> = work
-        .items
-        .iter()
-        .enumerate()
-        .filter(|(_, it)| it.history && it.msg.role == Role::Assistant)
-        .flat_map(|(pos, it)| (0..it.msg.tool_calls().len()).map(move |i| (pos, i)))
-        .collect();
-    // Calls are listed oldest first, so the doomed ones are exactly those before a cut: the
-    // first call kept (unit call) or the first assistant message kept (unit turn).
-    let excess = match window.unit {
-        WindowUnit::Call => calls.len().saturating_sub(window.max),
-        WindowUnit::Turn => {
-            let turns = calls.windows(2).filter(|w| w[0].0 != w[1].0).count()
-                + usize::from(!calls.is_empty());
-            turns.saturating_sub(window.max)
+    // The first call kept, as (assistant position, call index): found newest first, counting
+    // calls (unit call) or assistant messages with calls (unit turn) until `max` are in.
+    // Every history call before it goes.
+    let mut cut = (usize::MAX, 0);
+    let mut seen = 0usize;
+    if window.max > 0 {
+        for (pos, item) in work.items.iter().enumerate().rev() {
+            if !(item.history && item.msg.role == Role::Assistant) {
+                continue;
+            }
+            let calls = item.msg.tool_calls().len();
+            if calls == 0 {
+                continue;
+            }
+            let units = match window.unit {
+                WindowUnit::Call => calls,
+                WindowUnit::Turn => 1,
+            };
+            if seen + units >= window.max {
+                let keep_here = match window.unit {
+                    WindowUnit::Call => window.max - seen,
+                    WindowUnit::Turn => calls,
+                };
+                cut = (pos, calls - keep_here);
+                break;
+            }
+            seen += units;
         }
-    };
-    if excess == 0 {
-        return;
+        if cut.0 == usize::MAX {
+            return; // fewer than `max` calls: all stay
+        }
     }
-    let cut: (usize, usize) = match window.unit {
-        WindowUnit::Call => calls.get(excess).copied().unwrap_or((usize::MAX, 0)),
-        WindowUnit::Turn => {
-            let mut turn_starts = calls
-                .iter()
-                .enumerate()
-                .filter(|&(k, c)| k == 0 || calls[k - 1].0 != c.0)
-                .map(|(_, &(pos, _))| (pos, 0));
-            turn_starts.nth(excess).unwrap_or((usize::MAX, 0))
-        }
-    };
     remove_calls(work, RemoveReason::ToolCallWindow, false, |pos, i, _| {
         (pos, i) < cut
     });

@@ -2,24 +2,85 @@
 //! a step changes it (copy on write), so untouched messages go out exactly as they came in and
 //! cost one clone at the end. Every entry carries its token count, computed once per version of
 //! the message: a message is tokenised again only after a step has changed it.
+//!
+//! An entry is kept small (a changed message lives in a box) because the steps move entries
+//! around: on a long conversation moving fat entries was the largest per-message cost of a turn.
 
-use std::borrow::Cow;
+use std::ops::Deref;
+
+use serde_json::Value;
 
 use crate::conversation::{Message, MessageId, Role};
 use crate::tokens::{Encoding, TokenCounter, message_tokens};
 
 use super::report::{RemoveReason, Removed, Report};
 
+/// A message of the working copy: the caller's, or one a step changed or made.
+#[derive(Debug, Clone)]
+pub(crate) enum Msg<'a> {
+    Borrowed(&'a Message),
+    Owned(Box<Message>),
+}
+
+impl<'a> Msg<'a> {
+    /// A message the pipeline made.
+    pub fn owned(msg: Message) -> Self {
+        Msg::Owned(Box::new(msg))
+    }
+
+    /// The message for changing, copied first if it is still the caller's.
+    pub fn to_mut(&mut self) -> &mut Message {
+        if let Msg::Borrowed(m) = *self {
+            *self = Msg::Owned(Box::new(m.clone()));
+        }
+        match self {
+            Msg::Owned(m) => m,
+            Msg::Borrowed(_) => unreachable!("just replaced by an owned copy"),
+        }
+    }
+
+    /// Replaces the content, copying the rest of the message if it is still the caller's (but
+    /// not the old content: a long tool result is not copied only to be thrown away).
+    pub fn set_content(&mut self, content: Option<Value>) {
+        match self {
+            Msg::Owned(m) => m.content = content,
+            Msg::Borrowed(m) => {
+                *self = Msg::owned(Message {
+                    role: m.role.clone(),
+                    content,
+                    name: m.name.clone(),
+                    tool_calls: m.tool_calls.clone(),
+                    tool_call_id: m.tool_call_id.clone(),
+                    extra: m.extra.clone(),
+                })
+            }
+        }
+    }
+
+    /// Whether this is still the caller's message, unchanged.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self, Msg::Borrowed(_))
+    }
+}
+
+impl Deref for Msg<'_> {
+    type Target = Message;
+
+    fn deref(&self) -> &Message {
+        match self {
+            Msg::Borrowed(m) => m,
+            Msg::Owned(m) => m,
+        }
+    }
+}
+
 /// One message of the working copy.
 #[derive(Debug, Clone)]
 pub(crate) struct Item<'a> {
-    pub msg: Cow<'a, Message>,
+    pub msg: Msg<'a>,
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
-    /// The chained id of the message as given, when the caller passed ids; `None` for messages
-    /// the pipeline made.
-    pub id: Option<MessageId>,
     /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
     pub history: bool,
 }
@@ -37,6 +98,8 @@ pub(crate) struct Work<'a> {
     pub report: Report,
     pub encoding: Encoding,
     pub counter: &'a TokenCounter,
+    /// The chained ids of the conversation as given, when the caller passed them.
+    pub ids: Option<&'a [MessageId]>,
 }
 
 impl<'a> Work<'a> {
@@ -50,29 +113,46 @@ impl<'a> Work<'a> {
         self.items.iter().map(|i| i.tokens).sum()
     }
 
-    /// Drops the items for which `keep` is false, reporting each with `reason`.
+    /// Drops the items for which `doomed(position, item)` is true, reporting each with `reason`.
     pub fn remove_where(
         &mut self,
         reason: RemoveReason,
         mut doomed: impl FnMut(usize, &Item) -> bool,
     ) {
-        // In place: no new vector, and kept items move only when something before them went.
-        let report = &mut self.report;
-        let mut pos = 0;
-        self.items.retain(|item| {
-            let gone = doomed(pos, item);
-            pos += 1;
-            if gone {
+        let marked: Vec<bool> = self
+            .items
+            .iter()
+            .enumerate()
+            .map(|(pos, item)| doomed(pos, item))
+            .collect();
+        self.remove_marked(reason, &marked);
+    }
+
+    /// Drops the items at the positions marked in `doomed`, reporting each with `reason`.
+    pub fn remove_marked(&mut self, reason: RemoveReason, doomed: &[bool]) {
+        // In place: kept items move only when something before them went, each once.
+        let Some(first) = doomed.iter().position(|&d| d) else {
+            return;
+        };
+        let gone = doomed[first..].iter().filter(|&&d| d).count();
+        self.report.removed.reserve(gone);
+        let mut write = first;
+        for read in first..self.items.len() {
+            if doomed.get(read).copied().unwrap_or(false) {
+                let item = &self.items[read];
                 if let Some(index) = item.index {
-                    report.removed.push(Removed {
+                    self.report.removed.push(Removed {
                         index,
                         role: item.msg.role.clone(),
                         reason,
                     });
                 }
+            } else {
+                self.items.swap(write, read);
+                write += 1;
             }
-            !gone
-        });
+        }
+        self.items.truncate(write);
     }
 }
 

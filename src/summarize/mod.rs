@@ -126,11 +126,8 @@ pub async fn prepare(
         return prepared;
     };
     let encoding = facts.encoding;
-    let tokens: Vec<u64> = messages
-        .iter()
-        .zip(ids)
-        .map(|(m, id)| state.tokens.message_with_id(encoding, m, id))
-        .collect();
+    // In one batch, like the pipeline: the counts of the conversation's earlier turn are reused.
+    let tokens = state.tokens.messages(encoding, messages, Some(ids));
     let previous_tokens = prepared
         .applied
         .as_ref()

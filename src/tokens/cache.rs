@@ -42,6 +42,8 @@ impl Hash for Key {
 
 struct Generations<V> {
     young: HashMap<Key, V>,
+    /// Total weight of `young` (its length when every entry weighs one).
+    young_weight: usize,
     old: HashMap<Key, V>,
 }
 
@@ -51,18 +53,29 @@ pub type CountCache = Memo<u64>;
 /// A bounded map from (encoding, message id, variant) to a value derived from that message.
 pub struct Memo<V> {
     maps: RwLock<Generations<V>>,
+    /// Weight `young` may reach before it becomes `old`.
     capacity: usize,
+    weigh: fn(&V) -> usize,
 }
 
 impl<V: Clone> Memo<V> {
     /// A cache holding at least `capacity` recent entries (and at most about twice that).
     pub fn new(capacity: usize) -> Self {
+        Self::weighted(capacity, |_| 1)
+    }
+
+    /// A cache whose entries weigh `weigh(value)` each (say, the length of a vector), holding
+    /// at least `capacity` weight of recent entries and at most about twice that (plus one
+    /// entry).
+    pub fn weighted(capacity: usize, weigh: fn(&V) -> usize) -> Self {
         Memo {
             maps: RwLock::new(Generations {
                 young: HashMap::default(),
+                young_weight: 0,
                 old: HashMap::default(),
             }),
             capacity: capacity.max(1),
+            weigh,
         }
     }
 
@@ -181,10 +194,15 @@ impl<V: Clone> Memo<V> {
     }
 
     fn put(&self, maps: &mut Generations<V>, key: Key, value: V) {
-        if maps.young.len() >= self.capacity && !maps.young.contains_key(&key) {
+        let weight = (self.weigh)(&value);
+        if maps.young_weight + weight > self.capacity && !maps.young.contains_key(&key) {
             maps.old = std::mem::take(&mut maps.young);
+            maps.young_weight = 0;
         }
-        maps.young.insert(key, value);
+        maps.young_weight += weight;
+        if let Some(previous) = maps.young.insert(key, value) {
+            maps.young_weight -= (self.weigh)(&previous);
+        }
     }
 
     /// Number of entries held (both generations).
@@ -202,6 +220,7 @@ impl<V: Clone> Memo<V> {
     pub fn clear(&self) {
         let mut maps = self.write();
         maps.young.clear();
+        maps.young_weight = 0;
         maps.old.clear();
     }
 }
@@ -225,6 +244,18 @@ mod tests {
         assert!(cache.len() <= 2 * 64);
         assert_eq!(cache.get(Encoding::O200kBase, &id(9_999)), Some(9_999));
         assert_eq!(cache.get(Encoding::O200kBase, &id(0)), None);
+    }
+
+    #[test]
+    fn weighted_cache_is_bounded_by_weight() {
+        let cache: Memo<Vec<u64>> = Memo::weighted(100, Vec::len);
+        for n in 0..50 {
+            cache.insert(Encoding::O200kBase, &id(n), vec![0; 30]);
+        }
+        // Three entries of 30 fit in a generation of 100: at most two generations of three.
+        assert!(cache.len() <= 6);
+        assert!(cache.get(Encoding::O200kBase, &id(49)).is_some());
+        assert!(cache.get(Encoding::O200kBase, &id(0)).is_none());
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //!  + Σ tool_calls (3 + tokens(function.name) + tokens(function.arguments))
 //!  + (tool_call_id ? tokens(tool_call_id) : 0)`;
 //! a request is the sum plus 3, plus the tokens of the `tools` JSON when given.
+//!
+//! Besides the per-message counts, the counter remembers the counts of a whole conversation by
+//! the chained id of its last message: turn N+1 then copies the first N counts in one piece and
+//! looks up only the new messages, so a warm turn's counting does not grow with N.
 
 pub mod bpe;
 pub mod cache;
@@ -38,11 +42,21 @@ pub const TOOL_CALL_OVERHEAD: u64 = 3;
 
 const DEFAULT_CAPACITY: usize = 200_000;
 
+/// Conversations shorter than this are looked up message by message only: their whole counts
+/// are not worth remembering.
+const PREFIX_MIN_MESSAGES: usize = 16;
+
+/// How many of a conversation's last messages may end the one counted on an earlier turn: a
+/// turn adds a reply (with any tool calls and results) and a new message, rarely more.
+const PREFIX_PROBES: usize = 16;
+
 /// Counts tokens and remembers per-message counts. One per process, shared by every request
 /// (it is `Sync`); cheap to call from many threads.
 pub struct TokenCounter {
     cache: CountCache,
     compressed: Memo<Arc<Compressed>>,
+    /// The counts of whole conversations, by the id of their last message; weighed by length.
+    prefixes: Memo<Arc<[u64]>>,
 }
 
 /// A tool result as `compress_tool_output` shortened it, remembered per (encoding, message id,
@@ -74,6 +88,8 @@ impl TokenCounter {
             cache: CountCache::new(capacity),
             // Compressed results are larger than counts and rarer; a tenth of the entries.
             compressed: Memo::new(capacity / 10),
+            // As many counts as the per-message cache (8 bytes each, a few MB at most).
+            prefixes: Memo::weighted(capacity, |counts| counts.len()),
         }
     }
 
@@ -135,12 +151,21 @@ impl TokenCounter {
         ids: Option<&[MessageId]>,
     ) -> Vec<u64> {
         let ids = ids.filter(|ids| ids.len() == messages.len());
+        // The counts of an earlier turn of this conversation, in one piece.
+        let mut counts: Vec<u64> = Vec::with_capacity(messages.len());
+        if let Some(known) = ids.and_then(|ids| self.known_prefix(encoding, ids)) {
+            counts.extend_from_slice(&known);
+        }
+        let start = counts.len();
+        if start == messages.len() {
+            return counts; // the same conversation again
+        }
         let cached = match ids {
-            Some(ids) => self.cache.get_many(encoding, ids),
+            Some(ids) => self.cache.get_many(encoding, &ids[start..]),
             None => vec![None; messages.len()],
         };
-        let missing: Vec<usize> = (0..messages.len())
-            .filter(|&p| cached[p].is_none())
+        let missing: Vec<usize> = (start..messages.len())
+            .filter(|&p| cached[p - start].is_none())
             .collect();
         let fresh = count_many(encoding, messages, &missing);
         if let Some(ids) = ids {
@@ -149,15 +174,35 @@ impl TokenCounter {
                 missing.iter().zip(&fresh).map(|(&p, &n)| (ids[p], n)),
             );
         }
-        let mut counts: Vec<u64> = cached.into_iter().map(|c| c.unwrap_or(0)).collect();
+        counts.extend(cached.into_iter().map(|c| c.unwrap_or(0)));
         for (&p, n) in missing.iter().zip(fresh) {
             counts[p] = n;
+        }
+        if let Some(last) = ids
+            .filter(|ids| ids.len() >= PREFIX_MIN_MESSAGES)
+            .and_then(<[_]>::last)
+        {
+            self.prefixes
+                .insert(encoding, last, Arc::from(counts.as_slice()));
         }
         counts
     }
 
-    /// Tokens of a whole request: every message, the request overhead and the tools. `ids`, when
-    /// given, must be parallel to `messages`; it makes the count use the cache.
+    /// The remembered counts of the longest earlier conversation that `ids` continues (it ends
+    /// at one of the last [`PREFIX_PROBES`] ids), if any. A chained id fixes every message
+    /// before it, so those counts are this conversation's too.
+    fn known_prefix(&self, encoding: Encoding, ids: &[MessageId]) -> Option<Arc<[u64]>> {
+        if ids.len() < PREFIX_MIN_MESSAGES {
+            return None;
+        }
+        let oldest = ids.len().saturating_sub(PREFIX_PROBES);
+        (oldest..ids.len()).rev().find_map(|end| {
+            self.prefixes
+                .get(encoding, &ids[end])
+                .filter(|counts| counts.len() == end + 1)
+        })
+    }
+
     pub fn request(
         &self,
         encoding: Encoding,
@@ -291,6 +336,41 @@ mod tests {
         assert_eq!(
             c.request(e, std::slice::from_ref(&m), None, Some(&tools)),
             message_tokens(e, &m) + 3 + json_len.div_ceil(4)
+        );
+    }
+
+    #[test]
+    fn next_turn_reuses_the_counts_of_the_last() {
+        let c = TokenCounter::new();
+        let e = Encoding::O200kBase;
+        let values: Vec<Value> = (0..40)
+            .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("message {i}")}))
+            .collect();
+        let messages: Vec<Message> = values
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+            .collect();
+        let ids = crate::conversation::chain_ids(&values);
+        let expected: Vec<u64> = messages.iter().map(|m| message_tokens(e, m)).collect();
+        assert_eq!(
+            c.messages(e, &messages[..30], Some(&ids[..30])),
+            expected[..30]
+        );
+        // Forget the per-message counts: the next turn must find the first 30 in one piece.
+        c.cache().clear();
+        assert_eq!(c.messages(e, &messages, Some(&ids)), expected);
+        assert_eq!(c.cache().len(), 10);
+        // A different conversation with the same length is not taken for it.
+        let mut other = messages.clone();
+        other[5] = Message::text(Role::User, "edited");
+        let other_values: Vec<Value> = other
+            .iter()
+            .map(|m| serde_json::to_value(m).unwrap())
+            .collect();
+        let other_ids = crate::conversation::chain_ids(&other_values);
+        assert_eq!(
+            c.messages(e, &other, Some(&other_ids))[5],
+            message_tokens(e, &other[5])
         );
     }
 

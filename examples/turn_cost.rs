@@ -1,0 +1,56 @@
+//! Runs turn N+1 of the bench conversation (`benches/workload`) a fixed number of times, for
+//! counting instructions under callgrind: unlike criterion's `--profile-time`, the number of
+//! turns is known, so the count per turn is exact and does not depend on the machine's load.
+//!
+//! ```text
+//! cargo build --release --example turn_cost
+//! valgrind --tool=callgrind --toggle-collect='ctxproxy::context::plan*' \
+//!   --toggle-collect='*Plan::take_from*' target/release/examples/turn_cost 500 {10,20}
+//! ```
+//!
+//! (turns 10 and 20, so that one-off costs of the first turns cancel out of the difference).
+
+use ctxproxy::context::{PipelineInput, plan, run};
+use ctxproxy::conversation::{Message, chain_ids, message_id};
+use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
+use serde_json::json;
+use std::hint::black_box;
+
+#[path = "../benches/workload/mod.rs"]
+mod workload;
+
+fn main() {
+    let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>());
+    let (Some(Ok(n)), Some(Ok(turns))) = (args.next(), args.next()) else {
+        eprintln!("usage: turn_cost N TURNS (N in 1..=500)");
+        std::process::exit(2);
+    };
+    let values = workload::conversation();
+    let n = n.clamp(1, values.len());
+    let prefix: Vec<Message> = values[..n - 1]
+        .iter()
+        .map(|m| serde_json::from_value(m.clone()).expect("bench message"))
+        .collect();
+    let prefix_ids = chain_ids(&values[..n - 1]);
+    let policy = workload::policy();
+    let facts = ModelTable::built_in().lookup("gpt-4o");
+    Encoding::O200kBase.warm_up();
+    // Earlier turns: the history is counted (and its results compressed) once.
+    let counter = TokenCounter::new();
+    let mut warm = PipelineInput::new(&prefix, &policy, facts);
+    warm.ids = Some(&prefix_ids);
+    run(warm, &counter).expect("warm-up turn");
+
+    for k in 0..turns {
+        // A new question nobody has counted yet, as in `next_turn_warm`.
+        let q = json!({"role": "user", "content": format!("New question number {k}: what changed since yesterday?")});
+        let mut messages = prefix.clone();
+        messages.push(serde_json::from_value(q.clone()).expect("question"));
+        let mut ids = prefix_ids.clone();
+        ids.push(message_id(prefix_ids.last(), &q));
+        let mut input = PipelineInput::new(&messages, &policy, facts);
+        input.ids = Some(&ids);
+        let p = plan(input, &counter).expect("turn");
+        black_box(p.take_from(&mut messages));
+    }
+}
