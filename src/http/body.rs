@@ -24,30 +24,49 @@ pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes> {
 
 /// Parses a JSON body into `T`; the error's `param` is the path of the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    // Tracking the path costs on every field; only a body that fails needs it, so it is parsed
+    // again with tracking only then.
+    match serde_json::from_slice(bytes) {
+        Ok(value) => Ok(value),
+        Err(_) => Err(parse_error::<T>(bytes)),
+    }
+}
+
+/// The error of a body that did not parse as `T`, with the path of the field at fault.
+#[cold]
+fn parse_error<T: DeserializeOwned>(bytes: &[u8]) -> Error {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            return Error::invalid(
-                format!("We could not parse the JSON body of your request: {inner}"),
-                None,
-            );
-        }
-        let message = inner.to_string();
-        // serde reports a missing field at its parent; name the field itself.
-        let param = match missing_field(&message) {
-            Some(field) if path == "." => Some(field.to_string()),
-            Some(field) => Some(format!("{path}.{field}")),
-            None if path == "." => None,
-            None => Some(path),
-        };
-        let message = match &param {
-            Some(p) => format!("Invalid value for '{p}': {message}"),
-            None => format!("Invalid request body: {message}"),
-        };
-        Error::invalid(message, param)
-    })
+    let e = match serde_path_to_error::deserialize::<_, T>(&mut *de) {
+        Err(e) => e,
+        // It parsed as `T` this time: what failed was the text after it.
+        Ok(_) => return syntax_error(de.end().err()),
+    };
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    if inner.is_syntax() || inner.is_eof() {
+        return syntax_error(Some(inner));
+    }
+    let message = inner.to_string();
+    // serde reports a missing field at its parent; name the field itself.
+    let param = match missing_field(&message) {
+        Some(field) if path == "." => Some(field.to_string()),
+        Some(field) => Some(format!("{path}.{field}")),
+        None if path == "." => None,
+        None => Some(path),
+    };
+    let message = match &param {
+        Some(p) => format!("Invalid value for '{p}': {message}"),
+        None => format!("Invalid request body: {message}"),
+    };
+    Error::invalid(message, param)
+}
+
+fn syntax_error(inner: Option<serde_json::Error>) -> Error {
+    let detail = inner.map_or_else(String::new, |e| format!(": {e}"));
+    Error::invalid(
+        format!("We could not parse the JSON body of your request{detail}"),
+        None,
+    )
 }
 
 fn missing_field(message: &str) -> Option<&str> {
@@ -81,5 +100,17 @@ mod tests {
     #[test]
     fn not_json_has_no_param() {
         assert_eq!(param_of("{nope"), None);
+    }
+
+    #[test]
+    fn text_after_the_body_is_a_syntax_error() {
+        let body = r#"{"model":"m","messages":[]} trailing"#;
+        match parse_json::<ChatRequest>(body.as_bytes()) {
+            Err(Error::InvalidRequest { message, param }) => {
+                assert!(message.contains("could not parse the JSON"), "{message}");
+                assert_eq!(param, None);
+            }
+            other => panic!("expected invalid request, got {other:?}"),
+        }
     }
 }
