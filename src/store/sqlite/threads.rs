@@ -36,7 +36,7 @@ const MAX_BATCH: usize = 64;
 /// before this passes.
 const DEFER: Duration = Duration::from_millis(2);
 /// How often the checkpointer copies the WAL back into the database file.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// A read: runs on some reader's connection and sends its own answer.
 type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
