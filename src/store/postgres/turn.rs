@@ -1,13 +1,13 @@
 //! PostgreSQL: opening and closing a managed request's turn, each in one transaction (see
 //! `store/turn.rs`). With `synchronous_commit` on, every transaction waits for its WAL flush,
 //! so the single calls (an autocommit each) paid three or four flushes per visit; now each
-//! visit pays one. Closing runs its parts in savepoints, so one failing part is undone alone.
-
-use sqlx::Connection;
-use sqlx::postgres::PgConnection;
+//! visit pays one. A close whose transaction fails is done again part by part, so one failing
+//! part is undone alone.
 
 use super::super::lease;
-use super::super::turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened, append_under};
+use super::super::turn::{
+    TurnClose, TurnClosed, TurnOpen, TurnOpened, append_under, close_by_parts,
+};
 use super::{LeaseKind, PostgresStore, create_session, records, release_lease, take_lease, tree};
 use crate::Result;
 
@@ -56,80 +56,35 @@ impl PostgresStore {
             .lease
             .as_ref()
             .map(|l| (l.tenant.clone(), l.session.clone()));
-        let closed = match self.pool.begin().await {
-            Ok(mut tx) => {
-                let closed = close_in(&mut tx, close).await;
-                match tx.commit().await {
-                    Ok(()) => closed,
-                    Err(e) => TurnClosed {
-                        failures: vec![("commit the close of the turn", e.into())],
-                    },
-                }
-            }
-            Err(e) => TurnClosed {
-                failures: vec![("close the turn", e.into())],
-            },
+        // Usually nothing fails: every part in one transaction, without savepoints (they cost
+        // a round trip each). If anything fails, that transaction is rolled back and the parts
+        // are done again one by one, each kept or undone on its own.
+        let closed = match self.close_at_once(&close).await {
+            Ok(()) => TurnClosed::default(),
+            Err(_) => close_by_parts(self, close).await,
         };
         if let Some((tenant, session)) = released {
             self.wakeups.wake(&tenant, &session);
         }
         closed
     }
-}
 
-/// The parts of a close, in order, each in a savepoint of the caller's transaction.
-async fn close_in(tx: &mut PgConnection, close: TurnClose) -> TurnClosed {
-    let TurnClose {
-        reply,
-        response_id,
-        mut record,
-        lease,
-    } = close;
-    let mut failures = Vec::new();
-    if let Some(Append { parent, messages }) = reply.filter(|r| !r.messages.is_empty()) {
-        let (tenant, session) = (&record.tenant, &record.session);
-        let stored = part(tx, async |c: &mut PgConnection| {
-            tree::append_in(c, tenant, session, parent, &messages).await
-        })
-        .await;
-        match stored {
-            Ok(_) => record.head = messages.last().map(|m| m.id),
-            Err(e) => failures.push(("store the reply", e)),
-        }
-        if let (Some(id), Some(head)) = (&response_id, record.head) {
+    async fn close_at_once(&self, close: &TurnClose) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let mut record = close.record.clone();
+        if let Some(reply) = close.reply.as_ref().filter(|r| !r.messages.is_empty()) {
             let (tenant, session) = (&record.tenant, &record.session);
-            let recorded = part(tx, async |c: &mut PgConnection| {
-                records::record_response(c, tenant, id, session, head).await
-            })
-            .await;
-            if let Err(e) = recorded {
-                failures.push(("record the response id", e));
+            tree::append_in(&mut tx, tenant, session, reply.parent, &reply.messages).await?;
+            record.head = reply.messages.last().map(|m| m.id);
+            if let (Some(id), Some(head)) = (&close.response_id, record.head) {
+                records::record_response(&mut tx, tenant, id, session, head).await?;
             }
         }
+        records::insert_request(&mut tx, &record).await?;
+        if let Some(lease) = &close.lease {
+            release_lease(&mut tx, LeaseKind::Session, lease).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
-    let record = &record;
-    if let Err(e) = part(tx, async |c: &mut PgConnection| {
-        records::insert_request(c, record).await
-    })
-    .await
-    {
-        failures.push(("store the request record", e));
-    }
-    if let Some(lease) = &lease
-        && let Err(e) = release_lease(tx, LeaseKind::Session, lease).await
-    {
-        failures.push(("release the session lease", e));
-    }
-    TurnClosed { failures }
-}
-
-/// Runs one part of a close in a savepoint: a failure undoes that part only.
-async fn part<T>(
-    tx: &mut PgConnection,
-    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T>,
-) -> Result<T> {
-    let mut savepoint = tx.begin().await?;
-    let value = work(&mut savepoint).await?;
-    savepoint.commit().await?;
-    Ok(value)
 }
