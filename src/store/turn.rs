@@ -87,7 +87,7 @@ pub(crate) async fn open_by_parts<S: Store + ?Sized>(
 }
 
 /// The append of an opened turn, once its lease is held.
-pub(crate) async fn append_under<S: Store + ?Sized>(
+async fn append_under<S: Store + ?Sized>(
     store: &S,
     lease: &Lease,
     append: Option<Append>,

@@ -4,51 +4,32 @@
 //! visit pays one. A close whose transaction fails is done again part by part, so one failing
 //! part is undone alone.
 
-use super::super::lease;
 use super::super::turn::{
-    TurnClose, TurnClosed, TurnOpen, TurnOpened, append_under, close_by_parts,
+    TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
 };
 use super::{LeaseKind, PostgresStore, create_session, records, release_lease, take_lease, tree};
 use crate::Result;
 
 impl PostgresStore {
     pub(super) async fn open_turn_tx(&self, open: TurnOpen) -> Result<TurnOpened> {
-        let TurnOpen {
-            tenant,
-            session,
-            scope,
-            ttl,
-            wait,
-            append,
-        } = open;
+        let (tenant, session) = (open.tenant.as_str(), open.session.as_str());
         let mut tx = self.pool.begin().await?;
-        create_session(&mut tx, &tenant, &session, &scope).await?;
-        if let Some(lease) = take_lease(&mut tx, LeaseKind::Session, &tenant, &session, ttl).await?
+        create_session(&mut tx, tenant, session, &open.scope).await?;
+        if let Some(lease) =
+            take_lease(&mut tx, LeaseKind::Session, tenant, session, open.ttl).await?
         {
             // A failing append rolls the lease back with it (the transaction is dropped).
-            let appended = match &append {
+            let appended = match &open.append {
                 None => Vec::new(),
-                Some(a) => {
-                    tree::append_in(&mut tx, &tenant, &session, a.parent, &a.messages).await?
-                }
+                Some(a) => tree::append_in(&mut tx, tenant, session, a.parent, &a.messages).await?,
             };
             tx.commit().await?;
             return Ok(TurnOpened { lease, appended });
         }
-        // Someone holds the lease: keep the session (it may be new) and wait as lock_session.
+        // Someone holds the lease: keep the session (it may be new), then wait for the lease
+        // as `lock_session` does.
         tx.commit().await?;
-        let lease = lease::acquire(&self.wakeups, &tenant, &session, wait, || {
-            self.try_lease(LeaseKind::Session, &tenant, &session, ttl)
-        })
-        .await?;
-        match append_under(self, &lease, append).await {
-            Ok(appended) => Ok(TurnOpened { lease, appended }),
-            Err(e) => {
-                let _ = self.release(LeaseKind::Session, &lease).await;
-                self.wakeups.wake(&tenant, &session);
-                Err(e)
-            }
-        }
+        open_by_parts(self, open).await
     }
 
     pub(super) async fn close_turn_tx(&self, close: TurnClose) -> TurnClosed {

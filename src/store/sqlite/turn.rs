@@ -7,8 +7,7 @@
 use rusqlite::Connection;
 
 use super::super::Appended;
-use super::super::lease;
-use super::super::turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened, append_under};
+use super::super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened, open_by_parts};
 use super::threads::exec;
 use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
 use crate::{Error, Result};
@@ -16,31 +15,23 @@ use crate::{Error, Result};
 /// What the one job of an open did.
 enum FirstTry {
     Opened(TurnOpened),
-    /// Someone else holds the lease: the append (not done) comes back for after the wait.
-    Busy(Option<Append>),
+    /// Someone else holds the lease: the open (its append not done) comes back for the wait.
+    Busy(TurnOpen),
 }
 
 impl SqliteStore {
     pub(super) async fn open_turn_job(&self, open: TurnOpen) -> Result<TurnOpened> {
-        let TurnOpen {
-            tenant,
-            session,
-            scope,
-            ttl,
-            wait,
-            append,
-        } = open;
-        let (t, s) = (tenant.clone(), session.clone());
         let first = self
             .threads
             .write(move |conn| {
-                create_session(conn, &t, &s, &scope)?;
-                let lease = match take_lease(conn, LeaseKind::Session, t, s, ttl)? {
+                create_session(conn, &open.tenant, &open.session, &open.scope)?;
+                let (tenant, session) = (open.tenant.clone(), open.session.clone());
+                let lease = match take_lease(conn, LeaseKind::Session, tenant, session, open.ttl)? {
                     Ok(lease) => lease,
-                    Err(()) => return Ok(FirstTry::Busy(append)),
+                    Err(()) => return Ok(FirstTry::Busy(open)),
                 };
                 // A failing append fails the job: its savepoint undoes the lease too.
-                let appended = match &append {
+                let appended = match &open.append {
                     None => Vec::new(),
                     Some(a) => {
                         tree::append(conn, &lease.tenant, &lease.session, a.parent, &a.messages)?
@@ -49,22 +40,12 @@ impl SqliteStore {
                 Ok(FirstTry::Opened(TurnOpened { lease, appended }))
             })
             .await?;
-        let append = match first {
-            FirstTry::Opened(opened) => return Ok(opened),
-            FirstTry::Busy(append) => append,
-        };
-        // The holder's close may be queued, deferred: it should not wait for company now.
-        self.threads.hurry();
-        let lease = lease::acquire(&self.wakeups, &tenant, &session, wait, || {
-            self.try_lease(LeaseKind::Session, &tenant, &session, ttl)
-        })
-        .await?;
-        match append_under(self, &lease, append).await {
-            Ok(appended) => Ok(TurnOpened { lease, appended }),
-            Err(e) => {
-                let _ = self.release(LeaseKind::Session, &lease).await;
-                self.wakeups.wake(&tenant, &session);
-                Err(e)
+        match first {
+            FirstTry::Opened(opened) => Ok(opened),
+            FirstTry::Busy(open) => {
+                // The holder's close may be queued, deferred: it should not wait for company.
+                self.threads.hurry();
+                open_by_parts(self, open).await
             }
         }
     }
