@@ -321,6 +321,8 @@ async fn no_key_or_authorization_value_appears_in_logs() {
     let _ = child.wait().await;
     let logs = std::fs::read_to_string(&log_path).unwrap();
     assert!(logs.contains("request"), "logs were captured: {logs}");
+    // Written to a file, not a terminal: plain text, no colour escapes.
+    assert!(!logs.contains('\u{1b}'), "ANSI escapes in a log file");
     for secret in [
         "CLIENTSECRET",
         "UPSTREAMSECRET",
