@@ -1,7 +1,7 @@
 //! The message tree on PostgreSQL: appending chains, walking a path up from a leaf, listing the
 //! leaves (branches), and the prefix lookup behind auto session matching.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool, PgRow};
@@ -82,41 +82,51 @@ pub(super) async fn append_in(
     }
 
     let now = Timestamp::now().millis();
+    // What to insert, decided up front (nothing below depends on the inserts), then one
+    // multi-row INSERT: a 200-message first request is one round trip, not 200.
+    let mut rows = NewRows::default();
     let mut out = Vec::with_capacity(messages.len());
     let mut prev = parent;
     for m in messages {
-        let new = match existing.get(&m.id) {
-            Some(flag) => {
-                reply_seen = *flag;
-                false
-            }
+        match existing.get(&m.id) {
+            Some(flag) => reply_seen = *flag,
             None => {
                 reply_seen = reply_seen || m.origin == Origin::Reply;
-                let body = serde_json::to_string(&m.body)
-                    .map_err(|e| Error::Internal(format!("message body: {e}")))?;
-                let done = sqlx::query(
-                    "INSERT INTO messages (tenant, session_id, id, parent_id, seq, origin, \
-                     reply_in_prefix, body, created_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::json, $9) \
-                     ON CONFLICT (tenant, session_id, id) DO NOTHING",
-                )
-                .bind(tenant)
-                .bind(session)
-                .bind(m.id.0.to_vec())
-                .bind(prev.map(|p| p.0.to_vec()))
-                .bind(seq)
-                .bind(m.origin.as_str())
-                .bind(reply_seen)
-                .bind(body)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                done.rows_affected() == 1
+                rows.push(m, prev, seq, reply_seen)?;
             }
-        };
-        out.push(Appended { id: m.id, seq, new });
+        }
+        out.push(Appended {
+            id: m.id,
+            seq,
+            new: false,
+        });
         prev = Some(m.id);
         seq += 1;
+    }
+    if !rows.ids.is_empty() {
+        let inserted: Vec<Vec<u8>> = sqlx::query_scalar(
+            "INSERT INTO messages (tenant, session_id, id, parent_id, seq, origin, \
+             reply_in_prefix, body, created_at) \
+             SELECT $1, $2, m.id, m.parent_id, m.seq, m.origin, m.reply, m.body::json, $3 \
+             FROM UNNEST($4::bytea[], $5::bytea[], $6::int8[], $7::text[], $8::bool[], \
+             $9::text[]) AS m(id, parent_id, seq, origin, reply, body) \
+             ON CONFLICT (tenant, session_id, id) DO NOTHING RETURNING id",
+        )
+        .bind(tenant)
+        .bind(session)
+        .bind(now)
+        .bind(rows.ids)
+        .bind(rows.parents)
+        .bind(rows.seqs)
+        .bind(rows.origins)
+        .bind(rows.replies)
+        .bind(rows.bodies)
+        .fetch_all(&mut *tx)
+        .await?;
+        let inserted: HashSet<Vec<u8>> = inserted.into_iter().collect();
+        for a in &mut out {
+            a.new = inserted.contains(a.id.0.as_slice());
+        }
     }
 
     let any_new = out.iter().any(|a| a.new);
@@ -149,6 +159,37 @@ pub(super) async fn append_in(
         .await?;
     }
     Ok(out)
+}
+
+/// The columns of the messages an append inserts, as arrays for one `UNNEST` insert.
+#[derive(Default)]
+struct NewRows {
+    ids: Vec<Vec<u8>>,
+    parents: Vec<Option<Vec<u8>>>,
+    seqs: Vec<i64>,
+    origins: Vec<&'static str>,
+    replies: Vec<bool>,
+    bodies: Vec<String>,
+}
+
+impl NewRows {
+    fn push(
+        &mut self,
+        m: &NewMessage,
+        parent: Option<MessageId>,
+        seq: i64,
+        reply_in_prefix: bool,
+    ) -> Result<()> {
+        let body = serde_json::to_string(&m.body)
+            .map_err(|e| Error::Internal(format!("message body: {e}")))?;
+        self.ids.push(m.id.0.to_vec());
+        self.parents.push(parent.map(|p| p.0.to_vec()));
+        self.seqs.push(seq);
+        self.origins.push(m.origin.as_str());
+        self.replies.push(reply_in_prefix);
+        self.bodies.push(body);
+        Ok(())
+    }
 }
 
 /// The path ending at `leaf` (`None`: the session's head), root first.
