@@ -41,6 +41,16 @@ pub enum Base {
     At(MessageId),
 }
 
+/// Where the stored history to add comes from, if any: a given base, else the head in server
+/// mode; client mode without a base adds none (the request carries its whole history).
+pub fn stored_base(mode: HistoryMode, base: Option<Base>) -> Option<Base> {
+    match (mode, base) {
+        (_, Some(b)) => Some(b),
+        (HistoryMode::Server, None) => Some(Base::Head),
+        (HistoryMode::Client, None) => None,
+    }
+}
+
 /// Builds the conversation for `incoming` and, with `write`, stores what is new (previews
 /// assemble the same conversation without writing).
 pub async fn assemble(
@@ -52,12 +62,7 @@ pub async fn assemble(
     incoming: Incoming,
     write: bool,
 ) -> Result<Assembled> {
-    let base = match (mode, base) {
-        (_, Some(b)) => Some(b),
-        (HistoryMode::Server, None) => Some(Base::Head),
-        (HistoryMode::Client, None) => None,
-    };
-    let stored = match base {
+    let stored = match stored_base(mode, base) {
         None => Vec::new(),
         Some(Base::Head) => store.head_branch(tenant, session).await?,
         Some(Base::At(id)) => store.load_path(tenant, session, id).await?,

@@ -31,11 +31,11 @@ pub async fn open(
     base: Option<Base>,
     incoming: Incoming,
 ) -> Result<(SessionLock, Assembled)> {
-    if base.is_none() && mode == HistoryMode::Client {
+    let Some(base) = history::stored_base(mode, base) else {
         let (append, assembled) = history::client_turn(incoming);
         let lock = lock_and_append(store, &target, Some(append)).await?;
         return Ok((lock, assembled));
-    }
+    };
     let lock = lock_and_append(store, &target, None).await?;
     // Dropping the lock on an error below releases the lease.
     let assembled = history::assemble(
@@ -43,7 +43,7 @@ pub async fn open(
         target.tenant,
         target.session,
         mode,
-        base,
+        Some(base),
         incoming,
         true,
     )

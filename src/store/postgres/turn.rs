@@ -4,13 +4,13 @@
 //! visit pays one. A close whose transaction fails is done again part by part, so one failing
 //! part is undone alone.
 
-use super::super::turn::{
-    TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
-};
 use sqlx::postgres::PgConnection;
 
 use super::super::lease::new_owner;
 use super::super::time::Timestamp;
+use super::super::turn::{
+    TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
+};
 use super::super::types::Lease;
 use super::{LeaseKind, PostgresStore, records, release_lease, tree};
 use crate::Result;
@@ -43,7 +43,10 @@ impl PostgresStore {
         // are done again one by one, each kept or undone on its own.
         let closed = match self.close_at_once(&close).await {
             Ok(()) => TurnClosed::default(),
-            Err(_) => close_by_parts(self, close).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "closing the turn in one transaction failed; retrying part by part");
+                close_by_parts(self, close).await
+            }
         };
         if let Some((tenant, session)) = released {
             self.wakeups.wake(&tenant, &session);

@@ -123,53 +123,50 @@ impl Threads {
     pub(super) async fn start(target: Target, readers: usize) -> Result<Threads> {
         let (write, write_jobs) = unbounded::<Box<dyn WriteJob>>();
         let mut handles = Vec::new();
-        let (opened, writer_ready) = oneshot::channel();
-        let writer_target = target.clone();
-        handles.push(spawn("ctxproxy-sqlite-writer", move || {
-            let conn = match writer_target.open_writer() {
-                Ok(conn) => conn,
-                Err(e) => {
-                    let _ = opened.send(Err(e));
-                    return;
-                }
-            };
-            let _ = opened.send(Ok(()));
-            write_loop(&conn, &write_jobs);
-        })?);
-        writer_ready.await.map_err(|_| closed())??;
+        let writer = target.clone();
+        handles.push(
+            start_on_connection(
+                "ctxproxy-sqlite-writer",
+                move || writer.open_writer(),
+                move |conn| write_loop(&conn, &write_jobs),
+            )
+            .await?,
+        );
 
         let read = if target.in_memory() {
             None
         } else {
             let (read, read_jobs) = unbounded::<ReadJob>();
             for n in 0..readers.max(1) {
-                let (opened, ready) = oneshot::channel();
-                let (target, jobs) = (target.clone(), read_jobs.clone());
-                handles.push(spawn(&format!("ctxproxy-sqlite-reader-{n}"), move || {
-                    let conn = match target.open_reader() {
-                        Ok(conn) => conn,
-                        Err(e) => {
-                            let _ = opened.send(Err(e));
-                            return;
-                        }
-                    };
-                    let _ = opened.send(Ok(()));
-                    while let Ok(job) = jobs.recv() {
-                        job(&conn);
-                    }
-                })?);
-                ready.await.map_err(|_| closed())??;
+                let (reader, jobs) = (target.clone(), read_jobs.clone());
+                handles.push(
+                    start_on_connection(
+                        &format!("ctxproxy-sqlite-reader-{n}"),
+                        move || reader.open_reader(),
+                        move |conn| {
+                            while let Ok(job) = jobs.recv() {
+                                job(&conn);
+                            }
+                        },
+                    )
+                    .await?,
+                );
             }
             Some(read)
         };
         let checkpointer = if target.in_memory() || target.read_only() {
             None
         } else {
-            let conn = target.open_checkpointer()?;
             let (stop, stopped) = bounded::<()>(0);
-            handles.push(spawn("ctxproxy-sqlite-checkpoint", move || {
-                checkpoint_loop(&conn, &stopped);
-            })?);
+            let checkpoints = target.clone();
+            handles.push(
+                start_on_connection(
+                    "ctxproxy-sqlite-checkpoint",
+                    move || checkpoints.open_checkpointer(),
+                    move |conn| checkpoint_loop(&conn, &stopped),
+                )
+                .await?,
+            );
             Some(stop)
         };
         Ok(Threads {
@@ -274,6 +271,29 @@ impl Threads {
         })
         .await;
     }
+}
+
+/// Starts a thread that opens its own connection and then runs `body` on it; returns once the
+/// connection is open, with the error if it could not be.
+async fn start_on_connection(
+    name: &str,
+    open: impl FnOnce() -> Result<Connection> + Send + 'static,
+    body: impl FnOnce(Connection) + Send + 'static,
+) -> Result<JoinHandle<()>> {
+    let (opened, ready) = oneshot::channel();
+    let handle = spawn(name, move || {
+        let conn = match open() {
+            Ok(conn) => conn,
+            Err(e) => {
+                let _ = opened.send(Err(e));
+                return;
+            }
+        };
+        let _ = opened.send(Ok(()));
+        body(conn);
+    })?;
+    ready.await.map_err(|_| closed())??;
+    Ok(handle)
 }
 
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
