@@ -233,6 +233,125 @@ async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
     assert_eq!(proxy.state.summaries.running(), 0);
 }
 
+/// Sends one Responses turn (user message `n`, chained to `previous`); returns the response
+/// id and the session.
+async fn respond(proxy: &Proxy, previous: Option<&str>, n: usize) -> (String, String) {
+    let mut body = json!({
+        "model": "test-model",
+        "instructions": "You are a test assistant.",
+        "input": [{"role": "user", "content": user(n)["content"]}],
+    });
+    if let Some(id) = previous {
+        body["previous_response_id"] = json!(id);
+    }
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-client")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "a user request never fails");
+    let session = resp.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let v: Value = resp.json().await.unwrap();
+    (v["id"].as_str().unwrap().to_string(), session)
+}
+
+/// The `/v1/responses` requests the mock received, oldest first.
+fn responses_requests(mock: &MockHandle) -> Vec<Value> {
+    mock.requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/responses"))
+        .map(|r| r.body_json().unwrap())
+        .collect()
+}
+
+/// A Responses conversation chained by `previous_response_id` gets rolling summaries like a
+/// chat one (SPEC 5 step 5 applies to both APIs): the summary goes first among the input items,
+/// the covered items are no longer sent, `instructions` stays, and the request record says so.
+#[tokio::test]
+async fn responses_conversations_are_summarised_too() {
+    let (proxy, mock) = proxy_and_mock(opts(false)).await;
+    script(&mock, 200, "RESPONSES facts");
+    let mut previous: Option<String> = None;
+    let mut session = String::new();
+    let mut n = 0;
+    while mock.requests().iter().all(|r| !is_summary_request(r)) {
+        n += 1;
+        assert!(n <= 40, "the trigger was never crossed");
+        let (id, s) = respond(&proxy, previous.as_deref(), n).await;
+        previous = Some(id);
+        session = s;
+    }
+    settle(&proxy).await;
+    let summary_request = mock
+        .requests()
+        .into_iter()
+        .find(is_summary_request)
+        .unwrap();
+    let input = summary_input(&summary_request);
+    assert!(input.contains("q001"), "the oldest turn is summarised");
+    assert!(
+        !input.contains("You are a test assistant."),
+        "instructions are not summarised"
+    );
+
+    n += 1;
+    respond(&proxy, previous.as_deref(), n).await;
+    let sent = responses_requests(&mock).pop().unwrap();
+    assert_eq!(sent["instructions"], "You are a test assistant.");
+    let items = sent["input"].as_array().unwrap();
+    assert_eq!(
+        items[0],
+        json!({"role": "system", "content": format!("{PREFIX}RESPONSES facts")})
+    );
+    let text = sent["input"].to_string();
+    assert!(!text.contains("q001"), "covered items are not sent again");
+    assert!(
+        text.contains(&format!("q{n:03}")),
+        "the current turn is sent"
+    );
+
+    let records = proxy.request_records("default", &session).await;
+    let report = &records.last().unwrap()["report"];
+    assert_eq!(report["summary"]["used"], true, "{report}");
+    assert!(report["summary"]["covers_until"].is_u64(), "{report}");
+    assert!(
+        report["removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["reason"] == "summary"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn blocking_summary_applies_to_a_responses_request_too() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    script(&mock, 200, "BLOCKING facts");
+    let mut previous: Option<String> = None;
+    let mut n = 0;
+    while mock.requests().iter().all(|r| !is_summary_request(r)) {
+        n += 1;
+        assert!(n <= 40, "the trigger was never crossed");
+        previous = Some(respond(&proxy, previous.as_deref(), n).await.0);
+    }
+    let seen = mock.requests();
+    assert!(
+        is_summary_request(&seen[seen.len() - 2]),
+        "summarised before forwarding"
+    );
+    let sent = responses_requests(&mock).pop().unwrap();
+    assert_eq!(
+        sent["input"][0]["content"],
+        format!("{PREFIX}BLOCKING facts")
+    );
+}
+
 #[tokio::test]
 async fn failed_summary_never_fails_the_request_and_is_retried_later() {
     let (proxy, mock) = proxy_and_mock(opts(false)).await;

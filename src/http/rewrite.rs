@@ -150,14 +150,25 @@ pub async fn rewrite(
                     summary_job: None,
                 });
             }
-            // Summaries are wired for chat completions only so far (see the README).
+            // A summary needs the stored ids of the items (its anchor is one); items the
+            // proxy could not name get none rather than a guessed one.
+            let mut summary = match (&item_ids, purpose) {
+                (Some(ids), Purpose::Live) => {
+                    summarize::prepare(state, tenant, session, headers, &conv.messages, ids, facts)
+                        .await
+                }
+                (Some(ids), Purpose::Preview) => {
+                    summarize::stored(state, tenant, session, &conv.messages, ids).await
+                }
+                (None, _) => summarize::Prepared::default(),
+            };
             let input = PipelineInput {
                 messages: &conv.messages,
                 ids: item_ids.as_deref(),
                 tools: tools_json.as_ref(),
                 policy: &tenant.policy,
                 model: facts,
-                summary: None,
+                summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
             let rewritten = context::run(input, &state.tokens)?;
@@ -165,9 +176,11 @@ pub async fn rewrite(
                 count_rewrites(&rewritten.report);
             }
             call.put_items(responses_items::to_items(&rewritten.messages));
+            let mut report = conv.report_in_items(rewritten.report);
+            summary.fix_report(&mut report);
             Ok(Outcome {
-                report: Some(conv.report_in_items(rewritten.report)),
-                summary_job: None,
+                report: Some(report),
+                summary_job: summary.take_job(),
             })
         }
     }

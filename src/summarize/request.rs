@@ -90,7 +90,9 @@ impl SummaryRequest<'_> {
             (role, Some(name)) => format!("{} ({name})", role.as_str()),
             (role, None) => role.as_str().to_string(),
         };
-        if !text.is_empty() || !m.has_tool_calls() {
+        // A message with nothing to read (an opaque Responses item, an empty turn) says
+        // nothing to the summariser.
+        if !text.is_empty() {
             out.push_str(&format!("[{who}] {}\n", text.trim()));
         }
         for call in m.tool_calls() {
