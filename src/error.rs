@@ -17,7 +17,12 @@ pub enum Error {
     #[error(
         "This model's maximum context length is {window} tokens; the conversation needs {needed} tokens even after ctxproxy's rewrites"
     )]
-    ContextLengthExceeded { window: u64, needed: u64 },
+    ContextLengthExceeded {
+        window: u64,
+        needed: u64,
+        /// The request field holding the conversation: `messages` (chat) or `input` (Responses).
+        param: &'static str,
+    },
     /// No tenant accepts the presented key (or none was presented).
     #[error("Incorrect API key provided")]
     InvalidApiKey,
@@ -27,6 +32,9 @@ pub enum Error {
     /// A route that does not exist (or is disabled, like the admin API without a token).
     #[error("{0}")]
     NotFound(String),
+    /// A route that exists, called with a method it does not serve.
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// The role may not use a tool the request names.
     #[error("{message}")]
     ToolNotAllowed {

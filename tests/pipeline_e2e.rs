@@ -224,6 +224,20 @@ async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
     let v: Value = resp.json().await.unwrap();
     let err = assert_openai_error(&v);
     assert_eq!(err["code"], "context_length_exceeded");
+    assert_eq!(err["param"], "messages");
+
+    // The Responses API names its own field.
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "tiny-1", "input": "word ".repeat(200)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["code"], "context_length_exceeded");
+    assert_eq!(err["param"], "input");
     assert!(mock.requests().is_empty());
 }
 

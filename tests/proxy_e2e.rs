@@ -457,3 +457,38 @@ async fn admin_api_needs_the_token_and_shows_what_was_stored() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// SPEC 3: the proxy's own errors are OpenAI-shaped on every route, wrong methods included;
+/// an admin route answers 401 to a caller without the token whatever the method.
+#[tokio::test]
+async fn a_wrong_method_is_an_openai_shaped_405() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    for (method, path) in [
+        (reqwest::Method::POST, "/healthz"),
+        (
+            reqwest::Method::GET,
+            "/ctxproxy/v1/preview/chat/completions",
+        ),
+        (reqwest::Method::PUT, "/metrics"),
+    ] {
+        let resp = client()
+            .request(method.clone(), proxy.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 405, "{method} {path}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(assert_openai_error(&v)["code"], "method_not_allowed");
+    }
+    let admin = proxy.url("/ctxproxy/v1/sessions");
+    let anonymous = client().post(&admin).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let admitted = client()
+        .post(&admin)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admitted.status(), 405);
+    assert!(mock.requests().is_empty());
+}

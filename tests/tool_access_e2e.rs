@@ -173,9 +173,17 @@ async fn a_current_turn_calling_a_forbidden_tool_is_403() {
     });
     let resp = chat(&proxy, "sk-viewer", body, None).await;
     assert_eq!(resp.status(), 403);
+    let session = resp.headers().get("x-ctxproxy-session").cloned();
     let v: Value = resp.json().await.unwrap();
     assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
     assert!(mock.requests().is_empty());
+    assert!(
+        session.is_none(),
+        "no session was made for a refused request"
+    );
+    let (status, sessions) = proxy.admin_get("/ctxproxy/v1/sessions?tenant=corp").await;
+    assert_eq!(status, 200);
+    assert_eq!(sessions["data"], json!([]), "nothing was stored");
 }
 
 #[tokio::test]

@@ -273,6 +273,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         return Err(Error::ContextLengthExceeded {
             window: input.model.context_window,
             needed: tokens_out,
+            param: "messages",
         });
     }
     let mut parts: Vec<Part> = Vec::new();

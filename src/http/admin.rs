@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::store::SessionQuery;
 use crate::upstream::headers::bearer;
 
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<()> {
+/// Admits admin callers: 404 while no admin token is set, 401 for a wrong or missing one.
+pub(super) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<()> {
     let config = state.config.load();
     let Some(expected) = config.admin_token.as_deref() else {
         return Err(Error::NotFound(

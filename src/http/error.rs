@@ -35,6 +35,11 @@ impl Error {
                 "invalid_request_error",
                 Some("not_found"),
             ),
+            Error::MethodNotAllowed(_) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                Some("method_not_allowed"),
+            ),
             Error::ToolNotAllowed { .. } => (
                 StatusCode::FORBIDDEN,
                 "permission_error",
@@ -79,7 +84,7 @@ impl Error {
             Error::InvalidRequest { param, .. } | Error::ToolNotAllowed { param, .. } => {
                 param.as_deref()
             }
-            Error::ContextLengthExceeded { .. } => Some("messages"),
+            Error::ContextLengthExceeded { param, .. } => Some(param),
             _ => None,
         }
     }
@@ -103,7 +108,10 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, _, _) = self.classify();
         match &self {
-            Error::StoreUnavailable(detail) => tracing::error!(%detail, "store unavailable"),
+            Error::StoreUnavailable(detail) => {
+                tracing::error!(%detail, "store unavailable");
+                crate::metrics::store_error();
+            }
             Error::Internal(detail) => tracing::error!(%detail, "internal error"),
             _ => {}
         }

@@ -246,6 +246,7 @@ async fn prepare(
         wire: incoming,
         typed,
     } = call.take_conversation()?;
+    rewrite::check_incoming_turn(&incoming, typed.as_deref(), &allowed)?;
     let previous = match call.previous_response_id() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;

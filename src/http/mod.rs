@@ -57,6 +57,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by handlers with their own limit (413 in OpenAI shape) or streamed.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
@@ -64,4 +65,21 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn not_found(uri: axum::http::Uri) -> Error {
     Error::NotFound(format!("no route for {}", uri.path()))
+}
+
+/// A known route called with the wrong method. The admin routes answer as their handlers would
+/// first (404 while the admin API is disabled, 401 without the token), so a wrong method does
+/// not reveal them.
+async fn method_not_allowed(
+    axum::extract::State(state): axum::extract::State<Arc<AppState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+) -> Error {
+    if uri.path().starts_with("/ctxproxy/v1/sessions")
+        && let Err(e) = admin::authorize(&state, &headers)
+    {
+        return e;
+    }
+    Error::MethodNotAllowed(format!("{method} is not allowed on {}", uri.path()))
 }

@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::config::{Config, Selected, Tenant};
 use crate::context::{self, PipelineInput, Report, ToolAccess};
 use crate::conversation::{Message, MessageId, Role, responses_items};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::summarize;
 
 /// Why the conversation is rewritten.
@@ -171,7 +171,17 @@ pub async fn rewrite(
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
-            let rewritten = context::run(input, &state.tokens)?;
+            let rewritten = context::run(input, &state.tokens).map_err(|e| match e {
+                // A Responses request carries its conversation in `input`.
+                Error::ContextLengthExceeded { window, needed, .. } => {
+                    Error::ContextLengthExceeded {
+                        window,
+                        needed,
+                        param: "input",
+                    }
+                }
+                other => other,
+            })?;
             if purpose == Purpose::Live {
                 count_rewrites(&rewritten.report);
             }
@@ -184,6 +194,25 @@ pub async fn rewrite(
             })
         }
     }
+}
+
+/// 403 when the request's own current turn calls a tool the role may not use, checked on what
+/// the client sent before anything is stored (the rewrite checks the assembled conversation
+/// again, which may add stored calls). `typed`: the chat messages; `None` for Responses items.
+pub fn check_incoming_turn(
+    incoming: &[Value],
+    typed: Option<&[Message]>,
+    allowed: &access::Allowed,
+) -> Result<()> {
+    if let Some(messages) = typed {
+        return check_current_turn(messages, allowed);
+    }
+    let start = incoming
+        .iter()
+        .rposition(|item| item.get("role").and_then(Value::as_str) == Some("user"))
+        .map_or(0, |i| i + 1);
+    let turn = responses_items::ItemMessages::new(None, &incoming[start..]);
+    check_current_turn(&turn.messages, allowed)
 }
 
 /// 403 when the current turn (after the last user message) calls a tool the role may not use.
