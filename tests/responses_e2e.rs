@@ -278,3 +278,31 @@ async fn tool_access_reads_responses_tools_and_items() {
     assert!(call_ids(sent_input).is_empty(), "{sent}");
     assert_eq!(sent_input.len(), 2);
 }
+
+/// A client that started with a string `input` and then resends the conversation as typed
+/// `message` items continues the same session on the same branch (SPEC 4.2, 7).
+#[tokio::test]
+async fn resent_history_with_typed_message_items_continues_the_session() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, session) = respond(
+        &proxy,
+        &json!({"model": "gpt-4o-mini", "input": "hello there"}),
+    )
+    .await;
+    let mut input = vec![json!({"type": "message", "role": "user", "content": "hello there"})];
+    input.extend(output(&first));
+    input.push(json!({"type": "message", "role": "user", "content": "and then?"}));
+    let (_, again) = respond(&proxy, &json!({"model": "gpt-4o-mini", "input": input})).await;
+    assert_eq!(again, session, "auto matching found the session");
+    let items = stored(&proxy, &session).await;
+    assert_eq!(
+        items.len(),
+        4,
+        "one branch, nothing stored twice: {items:?}"
+    );
+    let (status, detail) = proxy
+        .admin_get(&format!("/ctxproxy/v1/sessions/default/{session}"))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(detail["branches"].as_array().unwrap().len(), 1, "{detail}");
+}

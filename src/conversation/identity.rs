@@ -45,6 +45,11 @@ pub fn canonical(message: &Value) -> Value {
         "output",
     ] {
         if let Some(v) = obj.get(key).filter(|v| !is_empty(v)) {
+            // A Responses `message` item may come with or without its type (SPEC 7): a string
+            // `input` is stored without one and resent with one, and both are one message.
+            if key == "type" && v == "message" {
+                continue;
+            }
             out.insert(key.to_string(), v.clone());
         }
     }
@@ -144,6 +149,16 @@ mod tests {
         let stored = json!({"role":"assistant","content":"ok","refusal":null,"annotations":[]});
         let resent = json!({"role":"assistant","content":"ok"});
         assert_eq!(message_id(None, &stored), message_id(None, &resent));
+    }
+
+    #[test]
+    fn a_message_item_is_the_same_message_with_or_without_its_type() {
+        let typed = json!({"type":"message","role":"user","content":"hello"});
+        let untyped = json!({"role":"user","content":"hello"});
+        assert_eq!(message_id(None, &typed), message_id(None, &untyped));
+        let call = json!({"type":"function_call","call_id":"c1","name":"f","arguments":"{}"});
+        let untyped_call = json!({"call_id":"c1","name":"f","arguments":"{}"});
+        assert_ne!(message_id(None, &call), message_id(None, &untyped_call));
     }
 
     #[test]
