@@ -108,12 +108,22 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
             return Some(text);
         }
     }
-    // Last resort: give up top-level entries, the newest-sorted first, until it fits.
+    // Last resort: give up top-level entries until it fits: containers (already collapsed to
+    // `"…"` or their ends) first, top-level scalars last (SPEC 5 step 4), each from the end.
     let last = LEVELS[LEVELS.len() - 1];
-    match shrink(value, &last, 1) {
-        Value::Object(mut map) => {
+    match (shrink(value, &last, 1), value) {
+        (Value::Object(mut map), Value::Object(original)) => {
+            let is_container =
+                |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
+            let mut order: Vec<String> = map
+                .keys()
+                .rev()
+                .filter(|k| is_container(k))
+                .cloned()
+                .collect();
+            order.extend(map.keys().rev().filter(|k| !is_container(k)).cloned());
             let mut omitted = 0usize;
-            while let Some(key) = map.keys().next_back().cloned() {
+            for key in order {
                 map.remove(&key);
                 omitted += 1;
                 let mut candidate = map.clone();
@@ -321,5 +331,27 @@ mod tests {
             let out = compress(Encoding::O200kBase, &json, max).unwrap();
             assert!(Encoding::O200kBase.count(&out) <= max, "{max}: {out}");
         }
+    }
+
+    #[test]
+    fn top_level_scalars_are_given_up_last() {
+        let mut doc = serde_json::Map::new();
+        for k in 0..12 {
+            doc.insert(
+                format!("a_list_{k:02}"),
+                serde_json::json!([{"x": [1, 2, 3]}, 2, 3]),
+            );
+        }
+        doc.insert("id".into(), serde_json::json!(4242));
+        doc.insert("status".into(), serde_json::json!("ok"));
+        doc.insert("z_nested".into(), serde_json::json!({"deep": {"er": 1}}));
+        let text = Value::Object(doc).to_string();
+        let out = compress(Encoding::O200kBase, &text, 40).unwrap();
+        assert!(Encoding::O200kBase.count(&out) <= 40, "{out}");
+        let v: Value = serde_json::from_str(&out).expect("still JSON");
+        assert_eq!(v["id"], 4242, "{out}");
+        assert_eq!(v["status"], "ok", "{out}");
+        assert_eq!(v["_compressed"], true, "{out}");
+        assert!(v.get("z_nested").is_none(), "a container went first: {out}");
     }
 }
