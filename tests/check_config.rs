@@ -64,6 +64,53 @@ fn wrong_type_names_the_key_path() {
     );
 }
 
+/// SPEC 1 quotes this line exactly.
+#[test]
+fn wrong_type_reads_expected_an_integer_as_the_spec_quotes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\npolicy: { token_budget: { max_tokens: lots } }\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l == "tenants/acme.yaml: policy.token_budget.max_tokens: expected an integer"),
+        "{out}"
+    );
+}
+
+#[test]
+fn wrong_types_name_what_was_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "a",
+                "keys: any\npolicy:\n  token_budget:\n    target_ratio: most\n",
+            ),
+            ("b", "keys: any\nsession:\n  auto: sometimes\n"),
+            ("c", "keys: any\nsession:\n  header: ~\n"),
+            ("d", "keys: any\nupstream:\n  timeout_s: [1]\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "tenants/a.yaml: policy.token_budget.target_ratio: expected a number",
+        "tenants/b.yaml: session.auto: expected a boolean",
+        "tenants/c.yaml: session.header: expected a string",
+        "tenants/d.yaml: upstream.timeout_s: expected a single value, not a list or mapping",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
+}
+
 #[test]
 fn every_problem_is_reported_including_shared_keys_and_two_any_tenants() {
     let dir = tempfile::tempdir().unwrap();
