@@ -112,6 +112,43 @@ fn wrong_types_name_what_was_expected() {
 }
 
 #[test]
+fn misspelt_key_in_a_keys_entry_names_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "flow",
+                "keys: [{sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, rol: x}]\n",
+            ),
+            (
+                "block",
+                "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n  - sha256: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\n    rol: x\n",
+            ),
+            ("word", "keys: anything\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    let line = |file: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("tenants/{file}.yaml: ")))
+            .unwrap_or_default()
+    };
+    assert!(
+        line("flow").starts_with("tenants/flow.yaml: keys[0]"),
+        "{out}"
+    );
+    assert!(line("flow").contains("unknown field `rol`"), "{out}");
+    assert!(
+        line("block").starts_with("tenants/block.yaml: keys[1]"),
+        "{out}"
+    );
+    assert!(line("block").contains("unknown field `rol`"), "{out}");
+    assert!(line("word").contains("found `anything`"), "{out}");
+}
+
+#[test]
 fn every_problem_is_reported_including_shared_keys_and_two_any_tenants() {
     let dir = tempfile::tempdir().unwrap();
     let key = "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\nupstream:\n  api_key_env: HOME\n";
