@@ -315,15 +315,12 @@ fn build_tenant(
             "upstream.base_url: expected an http:// or https:// URL, found `{base}`"
         )));
     }
-    let upstream_key = match (&file.keys, &file.upstream.api_key_env) {
-        (Keys::Listed(_), None) => {
-            problems.push(problem(
-                "upstream.api_key_env: required with listed keys (the client's key is never forwarded)"
-                    .into(),
-            ));
-            None
-        }
-        (_, Some(var)) => {
+    // `api_key_env` is optional with listed keys (SPEC 2 does not require it): without it no
+    // Authorization goes upstream, which suits a local model server that needs none. A variable
+    // that is named but unset is most likely a deployment mistake, so it is a warning, not a
+    // problem: check-config runs where the secret often is not, and the tenant still loads.
+    let upstream_key = match &file.upstream.api_key_env {
+        Some(var) => {
             let value = std::env::var(var).ok().filter(|v| !v.is_empty());
             if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
                 warnings.push(problem(format!(
@@ -332,7 +329,7 @@ fn build_tenant(
             }
             value
         }
-        (Keys::Any, None) => None,
+        None => None,
     };
     let roles = &file.tools.roles;
     if !roles.is_empty() {

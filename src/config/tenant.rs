@@ -85,7 +85,9 @@ pub struct UpstreamSection {
     /// Overridden by `CTXPROXY_UPSTREAM_URL` when that is set.
     #[serde(default = "default_base_url")]
     pub base_url: String,
-    /// With listed keys: the variable holding the upstream key to send.
+    /// With listed keys: the variable holding the upstream key to send. Optional: without it
+    /// (or while the variable is unset) no Authorization goes upstream, e.g. for a local model
+    /// server that needs none.
     #[serde(default)]
     pub api_key_env: Option<String>,
     #[serde(default = "default_connect_timeout_s")]
