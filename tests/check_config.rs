@@ -176,6 +176,30 @@ fn keyed_tenant_without_api_key_env_is_valid() {
     );
 }
 
+/// SPEC 6: an unknown role is 403 at request time, so it does not stop the tenant loading;
+/// check-config warns about it.
+#[test]
+fn a_role_missing_from_tools_roles_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "corp",
+            "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    role: auditor\ntools:\n  roles:\n    viewer: [search_web]\n  default_role: veiwer\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: tenants/corp.yaml: keys[0].role: `auditor`"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: tenants/corp.yaml: tools.default_role: `veiwer`"),
+        "{out}"
+    );
+}
+
 #[test]
 fn every_problem_is_reported_including_shared_keys_and_two_any_tenants() {
     let dir = tempfile::tempdir().unwrap();

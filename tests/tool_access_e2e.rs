@@ -217,6 +217,59 @@ async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
     assert_eq!(proxy.stored_messages("default", &session).await.len(), 7);
 }
 
+/// SPEC 6: "an unknown role is 403". A key bound to a role that `tools.roles` does not define
+/// leaves the tenant loaded (its other keys work); that key's requests are refused.
+#[tokio::test]
+async fn a_key_whose_role_is_not_in_roles_gets_403_and_the_tenant_still_serves() {
+    let tenant = format!(
+        "keys:\n  - sha256: {}\n    role: viewer\n  - sha256: {}\n    role: auditor\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\ntools:\n  roles:\n    viewer: [search_web]\n",
+        sha256_hex("sk-viewer"),
+        sha256_hex("sk-auditor"),
+    );
+    let opts = ProxyOptions::default().only_tenant("corp", &tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let resp = chat(&proxy, "sk-auditor", body.clone(), None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["type"], "permission_error");
+    assert_eq!(err["code"], "unknown_role");
+    assert!(mock.requests().is_empty(), "the upstream was not called");
+
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    assert_eq!(
+        tool_names(&mock.requests()[0].body_json().unwrap()),
+        ["search_web"]
+    );
+}
+
+/// A tenant that defines no roles has access control off, but a key bound to a role there was
+/// meant to be restricted: it fails closed (403) rather than getting every tool.
+#[tokio::test]
+async fn a_key_role_on_a_tenant_without_roles_gets_403() {
+    let tenant = format!(
+        "keys:\n  - sha256: {}\n    role: finance\n  - sha256: {}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\n",
+        sha256_hex("sk-finance"),
+        sha256_hex("sk-plain"),
+    );
+    let opts = ProxyOptions::default().only_tenant("corp", &tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let resp = chat(&proxy, "sk-finance", body.clone(), None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "unknown_role");
+    assert!(mock.requests().is_empty());
+
+    assert_eq!(chat(&proxy, "sk-plain", body, None).await.status(), 200);
+    assert_eq!(
+        tool_names(&mock.requests()[0].body_json().unwrap()),
+        ["search_web", "search_internal_docs", "get_account_balance"],
+        "no roles and no role named: access control is off"
+    );
+}
+
 async fn resp_session(proxy: &Proxy) -> String {
     let (_, list) = proxy.admin_get("/ctxproxy/v1/sessions").await;
     list["data"][0]["id"].as_str().unwrap().to_string()

@@ -331,33 +331,34 @@ fn build_tenant(
         }
         None => None,
     };
+    // A role missing from `tools.roles` does not stop the tenant: SPEC 6 says an unknown role
+    // is 403, so requests acting as it are refused at request time (access::resolve_role). It
+    // is almost always a typo, hence the warnings.
     let roles = &file.tools.roles;
-    if !roles.is_empty() {
-        if let Some(default_role) = &file.tools.default_role
-            && !roles.contains_key(default_role)
-        {
-            problems.push(problem(format!(
-                "tools.default_role: `{default_role}` is not one of tools.roles"
-            )));
-        }
-        if let Keys::Listed(keys) = &file.keys {
-            for (i, k) in keys.iter().enumerate() {
-                if let Some(role) = &k.role
-                    && !roles.contains_key(role)
-                {
-                    problems.push(problem(format!(
-                        "keys[{i}].role: `{role}` is not one of tools.roles"
-                    )));
-                }
+    if let Some(default_role) = &file.tools.default_role
+        && !roles.contains_key(default_role)
+    {
+        warnings.push(problem(format!(
+            "tools.default_role: `{default_role}` is not one of tools.roles; requests acting as it get 403"
+        )));
+    }
+    if let Keys::Listed(keys) = &file.keys {
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(role) = &k.role
+                && !roles.contains_key(role)
+            {
+                warnings.push(problem(format!(
+                    "keys[{i}].role: `{role}` is not one of tools.roles; requests with this key get 403"
+                )));
             }
         }
-        for (role, globs) in roles {
-            for g in globs {
-                if let Err(e) = globset::Glob::new(g) {
-                    problems.push(problem(format!(
-                        "tools.roles.{role}: invalid glob `{g}`: {e}"
-                    )));
-                }
+    }
+    for (role, globs) in roles {
+        for g in globs {
+            if let Err(e) = globset::Glob::new(g) {
+                problems.push(problem(format!(
+                    "tools.roles.{role}: invalid glob `{g}`: {e}"
+                )));
             }
         }
     }
