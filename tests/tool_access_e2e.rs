@@ -178,10 +178,14 @@ async fn a_current_turn_calling_a_forbidden_tool_is_403() {
     assert!(mock.requests().is_empty());
 }
 
-#[tokio::test]
-async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
-    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    agent: [\"*\"]\n  default_role: agent\n  scrub_history: true\n";
-    let opts = ProxyOptions::default().only_tenant("default", tenant);
+/// A history with a call to `debug_tool`, sent with only `search_web` offered, through a tenant
+/// whose `tools:` section ends with `scrub_line`; returns what reached the upstream and how
+/// many messages were stored.
+async fn send_debug_history(scrub_line: &str) -> (Value, usize) {
+    let tenant = format!(
+        "keys: any\nupstream:\n  base_url: {{upstream}}\ntools:\n  roles:\n    agent: [\"*\"]\n  default_role: agent\n{scrub_line}"
+    );
+    let opts = ProxyOptions::default().only_tenant("default", &tenant);
     let (proxy, mock) = proxy_and_mock(opts).await;
     let debug_call = json!({"id": "call_dbg", "type": "function", "function": {"name": "debug_tool", "arguments": "{\"verbose\":true}"}});
     let body = json!({
@@ -199,22 +203,53 @@ async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
     let resp = chat(&proxy, "sk-any", body, None).await;
     assert_eq!(resp.status(), 200);
     let sent = mock.requests()[0].body_json().unwrap();
+    let session = resp_session(&proxy).await;
+    let stored = proxy.stored_messages("default", &session).await.len();
+    (sent, stored)
+}
+
+fn message_roles(sent: &Value) -> Vec<&str> {
+    sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
+    let (sent, stored) = send_debug_history("  scrub_history: true\n").await;
     let text = sent.to_string();
     assert!(
         !text.contains("debug_tool"),
         "no trace of debug_tool upstream: {text}"
     );
     assert!(!text.contains("call_dbg"), "{text}");
-    let roles: Vec<&str> = sent["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
-    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "user"]
+    );
     // The stored history still has every message.
-    let session = resp_session(&proxy).await;
-    assert_eq!(proxy.stored_messages("default", &session).await.len(), 7);
+    assert_eq!(stored, 7);
+}
+
+/// SPEC 6 shows `scrub_history: true`, and the values its YAML blocks show are the defaults.
+#[tokio::test]
+async fn scrub_history_is_on_unless_the_tenant_turns_it_off() {
+    let (sent, _) = send_debug_history("").await;
+    assert!(!sent.to_string().contains("debug_tool"), "{sent}");
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "user"]
+    );
+
+    let (sent, _) = send_debug_history("  scrub_history: false\n").await;
+    assert!(sent.to_string().contains("call_dbg"), "{sent}");
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "tool", "assistant", "user"]
+    );
 }
 
 /// SPEC 6: "an unknown role is 403". A key bound to a role that `tools.roles` does not define

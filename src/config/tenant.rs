@@ -152,7 +152,7 @@ impl Default for SessionSection {
 }
 
 /// `tools:` — tool access per role (SPEC section 6).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsSection {
     /// Role name → tool-name globs it may use.
@@ -162,8 +162,21 @@ pub struct ToolsSection {
     pub default_role: Option<String>,
     #[serde(default)]
     pub role_from_header: bool,
-    #[serde(default)]
+    /// On by default: SPEC section 6 shows `scrub_history: true`, and the values its YAML
+    /// blocks show are the defaults.
+    #[serde(default = "default_true")]
     pub scrub_history: bool,
+}
+
+impl Default for ToolsSection {
+    fn default() -> Self {
+        ToolsSection {
+            roles: BTreeMap::new(),
+            default_role: None,
+            role_from_header: false,
+            scrub_history: true,
+        }
+    }
 }
 
 fn default_base_url() -> String {
