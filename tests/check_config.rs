@@ -64,6 +64,142 @@ fn wrong_type_names_the_key_path() {
     );
 }
 
+/// SPEC 1 quotes this line exactly.
+#[test]
+fn wrong_type_reads_expected_an_integer_as_the_spec_quotes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\npolicy: { token_budget: { max_tokens: lots } }\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l == "tenants/acme.yaml: policy.token_budget.max_tokens: expected an integer"),
+        "{out}"
+    );
+}
+
+#[test]
+fn wrong_types_name_what_was_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "a",
+                "keys: any\npolicy:\n  token_budget:\n    target_ratio: most\n",
+            ),
+            ("b", "keys: any\nsession:\n  auto: sometimes\n"),
+            ("c", "keys: any\nsession:\n  header: ~\n"),
+            ("d", "keys: any\nupstream:\n  timeout_s: [1]\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "tenants/a.yaml: policy.token_budget.target_ratio: expected a number",
+        "tenants/b.yaml: session.auto: expected a boolean",
+        "tenants/c.yaml: session.header: expected a string",
+        "tenants/d.yaml: upstream.timeout_s: expected a single value, not a list or mapping",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
+}
+
+#[test]
+fn misspelt_key_in_a_keys_entry_names_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "flow",
+                "keys: [{sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, rol: x}]\n",
+            ),
+            (
+                "block",
+                "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n  - sha256: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\n    rol: x\n",
+            ),
+            ("word", "keys: anything\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    let line = |file: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("tenants/{file}.yaml: ")))
+            .unwrap_or_default()
+    };
+    assert!(
+        line("flow").starts_with("tenants/flow.yaml: keys[0]"),
+        "{out}"
+    );
+    assert!(line("flow").contains("unknown field `rol`"), "{out}");
+    assert!(
+        line("block").starts_with("tenants/block.yaml: keys[1]"),
+        "{out}"
+    );
+    assert!(line("block").contains("unknown field `rol`"), "{out}");
+    assert!(line("word").contains("found `anything`"), "{out}");
+}
+
+/// With listed keys `upstream.api_key_env` is optional (SPEC 2 does not require it); a variable
+/// that is named but unset is a warning, not a problem.
+#[test]
+fn keyed_tenant_without_api_key_env_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "local",
+                "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n",
+            ),
+            (
+                "unset",
+                "keys:\n  - sha256: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\nupstream:\n  api_key_env: CTXPROXY_CHECK_CONFIG_NEVER_SET\n",
+            ),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok: "), "{out}");
+    assert!(!out.contains("local.yaml"), "no warning either: {out}");
+    assert!(
+        out.contains("warning: tenants/unset.yaml: upstream.api_key_env"),
+        "{out}"
+    );
+}
+
+/// SPEC 6: an unknown role is 403 at request time, so it does not stop the tenant loading;
+/// check-config warns about it.
+#[test]
+fn a_role_missing_from_tools_roles_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "corp",
+            "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    role: auditor\ntools:\n  roles:\n    viewer: [search_web]\n  default_role: veiwer\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: tenants/corp.yaml: keys[0].role: `auditor`"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warning: tenants/corp.yaml: tools.default_role: `veiwer`"),
+        "{out}"
+    );
+}
+
 #[test]
 fn every_problem_is_reported_including_shared_keys_and_two_any_tenants() {
     let dir = tempfile::tempdir().unwrap();

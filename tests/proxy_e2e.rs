@@ -187,6 +187,48 @@ async fn keyed_tenant_swaps_in_its_upstream_key() {
     );
 }
 
+/// `upstream.api_key_env` is optional with listed keys (SPEC 2): without it, and while the
+/// variable it names is unset, nothing is sent as Authorization upstream, and the client's
+/// own key is still never forwarded.
+#[tokio::test]
+async fn keyed_tenant_without_an_upstream_key_sends_no_authorization() {
+    let without_env = format!(
+        "keys:\n  - sha256: {}\nupstream:\n  base_url: {{upstream}}\n",
+        sha256_hex("sk-proxy-local")
+    );
+    let unset_env = format!(
+        "keys:\n  - sha256: {}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: CTXPROXY_E2E_NEVER_SET_KEY\n",
+        sha256_hex("sk-proxy-unset")
+    );
+    let opts = ProxyOptions::default()
+        .only_tenant("local", &without_env)
+        .tenant("unset", &unset_env);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let http = client();
+    for key in ["sk-proxy-local", "sk-proxy-unset"] {
+        let managed = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(managed.status(), 200, "{key}");
+        let passthrough = http
+            .get(format!("{}/models", proxy.base_url()))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(passthrough.status(), 200, "{key}");
+    }
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 4);
+    for r in seen {
+        assert_eq!(r.header("authorization"), None, "{}", r.path);
+    }
+}
+
 #[tokio::test]
 async fn malformed_bodies_get_openai_shaped_400s() {
     let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;

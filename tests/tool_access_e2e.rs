@@ -186,10 +186,14 @@ async fn a_current_turn_calling_a_forbidden_tool_is_403() {
     assert_eq!(sessions["data"], json!([]), "nothing was stored");
 }
 
-#[tokio::test]
-async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
-    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    agent: [\"*\"]\n  default_role: agent\n  scrub_history: true\n";
-    let opts = ProxyOptions::default().only_tenant("default", tenant);
+/// A history with a call to `debug_tool`, sent with only `search_web` offered, through a tenant
+/// whose `tools:` section ends with `scrub_line`; returns what reached the upstream and how
+/// many messages were stored.
+async fn send_debug_history(scrub_line: &str) -> (Value, usize) {
+    let tenant = format!(
+        "keys: any\nupstream:\n  base_url: {{upstream}}\ntools:\n  roles:\n    agent: [\"*\"]\n  default_role: agent\n{scrub_line}"
+    );
+    let opts = ProxyOptions::default().only_tenant("default", &tenant);
     let (proxy, mock) = proxy_and_mock(opts).await;
     let debug_call = json!({"id": "call_dbg", "type": "function", "function": {"name": "debug_tool", "arguments": "{\"verbose\":true}"}});
     let body = json!({
@@ -207,22 +211,106 @@ async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
     let resp = chat(&proxy, "sk-any", body, None).await;
     assert_eq!(resp.status(), 200);
     let sent = mock.requests()[0].body_json().unwrap();
+    let session = resp_session(&proxy).await;
+    let stored = proxy.stored_messages("default", &session).await.len();
+    (sent, stored)
+}
+
+fn message_roles(sent: &Value) -> Vec<&str> {
+    sent["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn history_calls_to_tools_no_longer_offered_are_scrubbed() {
+    let (sent, stored) = send_debug_history("  scrub_history: true\n").await;
     let text = sent.to_string();
     assert!(
         !text.contains("debug_tool"),
         "no trace of debug_tool upstream: {text}"
     );
     assert!(!text.contains("call_dbg"), "{text}");
-    let roles: Vec<&str> = sent["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["role"].as_str().unwrap())
-        .collect();
-    assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "user"]
+    );
     // The stored history still has every message.
-    let session = resp_session(&proxy).await;
-    assert_eq!(proxy.stored_messages("default", &session).await.len(), 7);
+    assert_eq!(stored, 7);
+}
+
+/// SPEC 6 shows `scrub_history: true`, and the values its YAML blocks show are the defaults.
+#[tokio::test]
+async fn scrub_history_is_on_unless_the_tenant_turns_it_off() {
+    let (sent, _) = send_debug_history("").await;
+    assert!(!sent.to_string().contains("debug_tool"), "{sent}");
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "user"]
+    );
+
+    let (sent, _) = send_debug_history("  scrub_history: false\n").await;
+    assert!(sent.to_string().contains("call_dbg"), "{sent}");
+    assert_eq!(
+        message_roles(&sent),
+        ["system", "user", "assistant", "tool", "assistant", "user"]
+    );
+}
+
+/// SPEC 6: "an unknown role is 403". A key bound to a role that `tools.roles` does not define
+/// leaves the tenant loaded (its other keys work); that key's requests are refused.
+#[tokio::test]
+async fn a_key_whose_role_is_not_in_roles_gets_403_and_the_tenant_still_serves() {
+    let tenant = format!(
+        "keys:\n  - sha256: {}\n    role: viewer\n  - sha256: {}\n    role: auditor\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\ntools:\n  roles:\n    viewer: [search_web]\n",
+        sha256_hex("sk-viewer"),
+        sha256_hex("sk-auditor"),
+    );
+    let opts = ProxyOptions::default().only_tenant("corp", &tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let resp = chat(&proxy, "sk-auditor", body.clone(), None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["type"], "permission_error");
+    assert_eq!(err["code"], "unknown_role");
+    assert!(mock.requests().is_empty(), "the upstream was not called");
+
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    assert_eq!(
+        tool_names(&mock.requests()[0].body_json().unwrap()),
+        ["search_web"]
+    );
+}
+
+/// A tenant that defines no roles has access control off, but a key bound to a role there was
+/// meant to be restricted: it fails closed (403) rather than getting every tool.
+#[tokio::test]
+async fn a_key_role_on_a_tenant_without_roles_gets_403() {
+    let tenant = format!(
+        "keys:\n  - sha256: {}\n    role: finance\n  - sha256: {}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\n",
+        sha256_hex("sk-finance"),
+        sha256_hex("sk-plain"),
+    );
+    let opts = ProxyOptions::default().only_tenant("corp", &tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let resp = chat(&proxy, "sk-finance", body.clone(), None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "unknown_role");
+    assert!(mock.requests().is_empty());
+
+    assert_eq!(chat(&proxy, "sk-plain", body, None).await.status(), 200);
+    assert_eq!(
+        tool_names(&mock.requests()[0].body_json().unwrap()),
+        ["search_web", "search_internal_docs", "get_account_balance"],
+        "no roles and no role named: access control is off"
+    );
 }
 
 async fn resp_session(proxy: &Proxy) -> String {

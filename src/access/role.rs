@@ -9,16 +9,16 @@ use crate::error::{Error, Result};
 /// The request header naming a role (honoured only with `tools.role_from_header: true`).
 pub const ROLE_HEADER: &str = "x-ctxproxy-role";
 
-/// The role for this request; `None` when the tenant defines no roles.
+/// The role for this request; `None` when access control is off (no roles defined and none
+/// named). A role that `tools.roles` does not define is 403 (SPEC 6), also when the tenant
+/// defines no roles at all: a key bound to a role was meant to be restricted, so it fails
+/// closed rather than getting every tool.
 pub fn resolve_role(
     tenant: &Tenant,
     key_role: Option<&str>,
     headers: &HeaderMap,
 ) -> Result<Option<String>> {
     let tools = &tenant.file.tools;
-    if tools.roles.is_empty() {
-        return Ok(None);
-    }
     let from_header = || {
         tools
             .role_from_header
@@ -27,10 +27,13 @@ pub fn resolve_role(
     };
     let role = key_role
         .or_else(from_header)
-        .or(tools.default_role.as_deref())
-        .ok_or_else(|| Error::UnknownRole("(none: no key role, header or default_role)".into()))?;
-    if !tools.roles.contains_key(role) {
-        return Err(Error::UnknownRole(role.to_string()));
+        .or(tools.default_role.as_deref());
+    match role {
+        None if tools.roles.is_empty() => Ok(None),
+        None => Err(Error::UnknownRole(
+            "(none: no key role, header or default_role)".into(),
+        )),
+        Some(role) if !tools.roles.contains_key(role) => Err(Error::UnknownRole(role.to_string())),
+        Some(role) => Ok(Some(role.to_string())),
     }
-    Ok(Some(role.to_string()))
 }

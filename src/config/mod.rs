@@ -315,15 +315,12 @@ fn build_tenant(
             "upstream.base_url: expected an http:// or https:// URL, found `{base}`"
         )));
     }
-    let upstream_key = match (&file.keys, &file.upstream.api_key_env) {
-        (Keys::Listed(_), None) => {
-            problems.push(problem(
-                "upstream.api_key_env: required with listed keys (the client's key is never forwarded)"
-                    .into(),
-            ));
-            None
-        }
-        (_, Some(var)) => {
+    // `api_key_env` is optional with listed keys (SPEC 2 does not require it): without it no
+    // Authorization goes upstream, which suits a local model server that needs none. A variable
+    // that is named but unset is most likely a deployment mistake, so it is a warning, not a
+    // problem: check-config runs where the secret often is not, and the tenant still loads.
+    let upstream_key = match &file.upstream.api_key_env {
+        Some(var) => {
             let value = std::env::var(var).ok().filter(|v| !v.is_empty());
             if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
                 warnings.push(problem(format!(
@@ -332,35 +329,36 @@ fn build_tenant(
             }
             value
         }
-        (Keys::Any, None) => None,
+        None => None,
     };
+    // A role missing from `tools.roles` does not stop the tenant: SPEC 6 says an unknown role
+    // is 403, so requests acting as it are refused at request time (access::resolve_role). It
+    // is almost always a typo, hence the warnings.
     let roles = &file.tools.roles;
-    if !roles.is_empty() {
-        if let Some(default_role) = &file.tools.default_role
-            && !roles.contains_key(default_role)
-        {
-            problems.push(problem(format!(
-                "tools.default_role: `{default_role}` is not one of tools.roles"
-            )));
-        }
-        if let Keys::Listed(keys) = &file.keys {
-            for (i, k) in keys.iter().enumerate() {
-                if let Some(role) = &k.role
-                    && !roles.contains_key(role)
-                {
-                    problems.push(problem(format!(
-                        "keys[{i}].role: `{role}` is not one of tools.roles"
-                    )));
-                }
+    if let Some(default_role) = &file.tools.default_role
+        && !roles.contains_key(default_role)
+    {
+        warnings.push(problem(format!(
+            "tools.default_role: `{default_role}` is not one of tools.roles; requests acting as it get 403"
+        )));
+    }
+    if let Keys::Listed(keys) = &file.keys {
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(role) = &k.role
+                && !roles.contains_key(role)
+            {
+                warnings.push(problem(format!(
+                    "keys[{i}].role: `{role}` is not one of tools.roles; requests with this key get 403"
+                )));
             }
         }
-        for (role, globs) in roles {
-            for g in globs {
-                if let Err(e) = globset::Glob::new(g) {
-                    problems.push(problem(format!(
-                        "tools.roles.{role}: invalid glob `{g}`: {e}"
-                    )));
-                }
+    }
+    for (role, globs) in roles {
+        for g in globs {
+            if let Err(e) = globset::Glob::new(g) {
+                problems.push(problem(format!(
+                    "tools.roles.{role}: invalid glob `{g}`: {e}"
+                )));
             }
         }
     }

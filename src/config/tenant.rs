@@ -31,24 +31,41 @@ pub enum Keys {
     Listed(Vec<KeyEntry>),
 }
 
+/// A visitor rather than `#[serde(untagged)]`: an untagged enum buffers the value and, when no
+/// variant fits, reports one generic error, so a misspelt key inside a list entry lost its path
+/// (`keys[0].rol`). Here the list's entries are read as `KeyEntry` directly, each with its own
+/// error and path.
 impl<'de> Deserialize<'de> for Keys {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Word(String),
-            List(Vec<KeyEntry>),
+        struct KeysVisitor;
+
+        impl<'de> serde::de::Visitor<'de> for KeysVisitor {
+            type Value = Keys;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`any` or a list of {sha256: <hex>, role: <name>} entries")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, w: &str) -> Result<Keys, E> {
+                if w == "any" {
+                    Ok(Keys::Any)
+                } else {
+                    Err(E::custom(format!(
+                        "expected `any` or a list of {{sha256, role}} entries, found `{w}`"
+                    )))
+                }
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Keys, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(entry) = seq.next_element::<KeyEntry>()? {
+                    list.push(entry);
+                }
+                Ok(Keys::Listed(list))
+            }
         }
-        match Raw::deserialize(d) {
-            Ok(Raw::Word(w)) if w == "any" => Ok(Keys::Any),
-            Ok(Raw::Word(w)) => Err(serde::de::Error::custom(format!(
-                "expected `any` or a list of {{sha256, role}} entries, found `{w}`"
-            ))),
-            Ok(Raw::List(list)) => Ok(Keys::Listed(list)),
-            Err(_) => Err(serde::de::Error::custom(
-                "expected `any` or a list of {sha256: <hex>, role: <name>} entries",
-            )),
-        }
+
+        d.deserialize_any(KeysVisitor)
     }
 }
 
@@ -68,7 +85,9 @@ pub struct UpstreamSection {
     /// Overridden by `CTXPROXY_UPSTREAM_URL` when that is set.
     #[serde(default = "default_base_url")]
     pub base_url: String,
-    /// With listed keys: the variable holding the upstream key to send.
+    /// With listed keys: the variable holding the upstream key to send. Optional: without it
+    /// (or while the variable is unset) no Authorization goes upstream, e.g. for a local model
+    /// server that needs none.
     #[serde(default)]
     pub api_key_env: Option<String>,
     #[serde(default = "default_connect_timeout_s")]
@@ -133,7 +152,7 @@ impl Default for SessionSection {
 }
 
 /// `tools:` — tool access per role (SPEC section 6).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolsSection {
     /// Role name → tool-name globs it may use.
@@ -143,8 +162,21 @@ pub struct ToolsSection {
     pub default_role: Option<String>,
     #[serde(default)]
     pub role_from_header: bool,
-    #[serde(default)]
+    /// On by default: SPEC section 6 shows `scrub_history: true`, and the values its YAML
+    /// blocks show are the defaults.
+    #[serde(default = "default_true")]
     pub scrub_history: bool,
+}
+
+impl Default for ToolsSection {
+    fn default() -> Self {
+        ToolsSection {
+            roles: BTreeMap::new(),
+            default_role: None,
+            role_from_header: false,
+            scrub_history: true,
+        }
+    }
 }
 
 fn default_base_url() -> String {
