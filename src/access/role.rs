@@ -9,16 +9,18 @@ use crate::error::{Error, Result};
 /// The request header naming a role (honoured only with `tools.role_from_header: true`).
 pub const ROLE_HEADER: &str = "x-ctxproxy-role";
 
-/// The role for this request; `None` when access control is off (no roles defined and none
-/// named). A role that `tools.roles` does not define is 403 (SPEC 6), also when the tenant
-/// defines no roles at all: a key bound to a role was meant to be restricted, so it fails
-/// closed rather than getting every tool.
+/// The role for this request; `None` when access control is off (the tenant defines no
+/// `tools.roles`: SPEC 5 step 1 is off unless configured, whatever role a key names). A role
+/// that `tools.roles` does not define is 403 (SPEC 6).
 pub fn resolve_role(
     tenant: &Tenant,
     key_role: Option<&str>,
     headers: &HeaderMap,
 ) -> Result<Option<String>> {
     let tools = &tenant.file.tools;
+    if tools.roles.is_empty() {
+        return Ok(None);
+    }
     let from_header = || {
         tools
             .role_from_header
@@ -29,7 +31,6 @@ pub fn resolve_role(
         .or_else(from_header)
         .or(tools.default_role.as_deref());
     match role {
-        None if tools.roles.is_empty() => Ok(None),
         None => Err(Error::UnknownRole(
             "(none: no key role, header or default_role)".into(),
         )),

@@ -335,11 +335,16 @@ fn build_tenant(
     // is 403, so requests acting as it are refused at request time (access::resolve_role). It
     // is almost always a typo, hence the warnings.
     let roles = &file.tools.roles;
+    let outcome = if roles.is_empty() {
+        "the tenant defines no tools.roles, so tool access is off"
+    } else {
+        "requests acting as it get 403"
+    };
     if let Some(default_role) = &file.tools.default_role
         && !roles.contains_key(default_role)
     {
         warnings.push(problem(format!(
-            "tools.default_role: `{default_role}` is not one of tools.roles; requests acting as it get 403"
+            "tools.default_role: `{default_role}` is not one of tools.roles; {outcome}"
         )));
     }
     if let Keys::Listed(keys) = &file.keys {
@@ -348,7 +353,7 @@ fn build_tenant(
                 && !roles.contains_key(role)
             {
                 warnings.push(problem(format!(
-                    "keys[{i}].role: `{role}` is not one of tools.roles; requests with this key get 403"
+                    "keys[{i}].role: `{role}` is not one of tools.roles; {outcome}"
                 )));
             }
         }
