@@ -95,36 +95,36 @@ fn redact_url(url: &str) -> String {
 }
 
 fn check_config(path: PathBuf) -> ExitCode {
-    match Config::load(&path) {
+    use std::fmt::Write as _;
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let mut out = String::new();
+    let code = match Config::load(&path) {
         Ok(loaded) => {
             for w in &loaded.warnings {
-                println!("warning: {w}");
+                let _ = writeln!(out, "warning: {w}");
             }
             let c = &loaded.config;
-            println!(
-                "ok: {} ({} tenant{}, {} model pattern{})",
+            let (tenants, models) = (c.tenants.len(), c.server.models.0.len());
+            let _ = writeln!(
+                out,
+                "ok: {} ({tenants} tenant{}, {models} model pattern{})",
                 path.display(),
-                c.tenants.len(),
-                if c.tenants.len() == 1 { "" } else { "s" },
-                c.server.models.0.len(),
-                if c.server.models.0.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
+                plural(tenants),
+                plural(models),
             );
             ExitCode::SUCCESS
         }
         Err(problems) => {
             for p in &problems {
-                println!("{p}");
+                let _ = writeln!(out, "{p}");
             }
-            println!(
-                "{} problem{} found",
-                problems.len(),
-                if problems.len() == 1 { "" } else { "s" }
-            );
+            let n = problems.len();
+            let _ = writeln!(out, "{n} problem{} found", plural(n));
             ExitCode::FAILURE
         }
-    }
+    };
+    // One write, and a reader that went away (`check-config | head`) is not a crash: the exit
+    // code still says whether the configuration is valid.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes());
+    code
 }
