@@ -242,6 +242,10 @@ async fn malformed_bodies_get_openai_shaped_400s() {
             r#"{"model": "m", "messages": [{"role": "user", "tool_calls": 3}]}"#,
             json!("messages[0].tool_calls"),
         ),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi", "name": 5}]}"#,
+            json!("messages[0].name"),
+        ),
     ] {
         let resp = http
             .post(format!("{}/chat/completions", proxy.base_url()))

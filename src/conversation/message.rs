@@ -73,7 +73,10 @@ where
 }
 
 /// A chat message. `content` is `None` when absent and `Some(Value::Null)` when sent as null.
+/// A `name` or `tool_call_id` sent as null is kept in `extra` (the typed fields hold strings
+/// only), so the message is stored and forwarded as received.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "WireMessage")]
 pub struct Message {
     pub role: Role,
     #[serde(
@@ -95,6 +98,46 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// A chat message as read off the wire, before the nulls of `name` and `tool_call_id` move
+/// into `extra`.
+#[derive(Deserialize)]
+struct WireMessage {
+    role: Role,
+    #[serde(default, deserialize_with = "present")]
+    content: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    name: Option<Option<String>>,
+    #[serde(default, deserialize_with = "present")]
+    tool_calls: Option<Option<Vec<ToolCall>>>,
+    #[serde(default, deserialize_with = "present")]
+    tool_call_id: Option<Option<String>>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+impl From<WireMessage> for Message {
+    fn from(wire: WireMessage) -> Message {
+        let mut extra = wire.extra;
+        let mut keep_null = |key: &str, field: Option<Option<String>>| match field {
+            Some(None) => {
+                extra.insert(key.to_string(), Value::Null);
+                None
+            }
+            other => other.flatten(),
+        };
+        let name = keep_null("name", wire.name);
+        let tool_call_id = keep_null("tool_call_id", wire.tool_call_id);
+        Message {
+            role: wire.role,
+            content: wire.content,
+            name,
+            tool_calls: wire.tool_calls,
+            tool_call_id,
+            extra,
+        }
+    }
 }
 
 /// One tool call of an assistant message.
@@ -183,5 +226,32 @@ impl Message {
     /// Reads a message from a JSON value without consuming it.
     pub fn deserialize_value(v: &Value) -> Result<Message, serde_json::Error> {
         Message::deserialize(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nulls_and_absences_are_re_emitted_as_received() {
+        for wire in [
+            json!({"role": "user", "content": "hi", "name": null}),
+            json!({"role": "tool", "content": "42", "tool_call_id": null}),
+            json!({"role": "assistant", "content": null, "tool_calls": null, "name": "bot"}),
+            json!({"role": "user", "content": "hi", "x_extra": {"a": [1, null]}}),
+        ] {
+            let m = Message::deserialize_value(&wire).unwrap();
+            assert_eq!(serde_json::to_value(&m).unwrap(), wire);
+        }
+        let m = Message::deserialize_value(&json!({"role": "user", "name": null})).unwrap();
+        assert_eq!(m.name, None, "the typed field holds strings only");
+    }
+
+    #[test]
+    fn a_wrong_type_is_still_an_error() {
+        assert!(Message::deserialize_value(&json!({"role": "user", "name": 5})).is_err());
+        assert!(Message::deserialize_value(&json!({"role": "tool", "tool_call_id": []})).is_err());
     }
 }

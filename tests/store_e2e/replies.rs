@@ -137,7 +137,7 @@ async fn reply_is_stored_after_the_client_hangs_up_mid_stream(b: Backend) {
 /// content parts, unicode and awkward numbers.
 fn unusual_history() -> Vec<Value> {
     vec![
-        json!({"role": "system", "content": "Be terse. ☕", "x_meta": {"v": 2, "tags": ["a", "b"]}}),
+        json!({"role": "system", "content": "Be terse. ☕", "x_meta": {"v": 2, "tags": ["a", "b"]}, "name": null, "tool_call_id": null}),
         json!({
             "role": "user",
             "content": [
