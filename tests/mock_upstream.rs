@@ -105,6 +105,32 @@ async fn call_trigger_answers_a_tool_call_with_ids_counting_up() {
 }
 
 #[tokio::test]
+async fn call_trigger_ignores_text_after_the_json_object_in_both_apis() {
+    let mock = mock().await;
+    let trigger = "call get_weather {\"city\": \"Tokyo\"} and then tell me what to wear";
+    let (_, reply) = mock
+        .post(
+            "/chat/completions",
+            &json!({ "model": "m", "messages": [user(trigger)] }),
+        )
+        .await;
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], r#"{"city": "Tokyo"}"#);
+
+    let (_, reply) = mock
+        .post("/responses", &json!({ "model": "m", "input": trigger }))
+        .await;
+    let output = reply["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{reply}");
+    assert_eq!(output[0]["type"], "function_call");
+    assert_eq!(output[0]["arguments"], r#"{"city": "Tokyo"}"#);
+}
+
+#[tokio::test]
 async fn call_trigger_only_fires_when_the_last_message_is_user() {
     let mock = mock().await;
     let body = json!({ "model": "m", "messages": [
@@ -159,6 +185,9 @@ async fn responses_counts_input_items_but_not_instructions() {
         usage["total_tokens"].as_u64().unwrap(),
         usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap()
     );
+    let sent = serde_json::to_vec(&body).unwrap().len() as u64;
+    assert_eq!(usage["prompt_tokens"], sent / 4, "SPEC 9: {usage}");
+    assert_eq!(usage["input_tokens"], sent / 4, "{usage}");
 
     let (_, reply) = mock
         .post("/responses", &json!({"model": "m", "input": "hello"}))
@@ -265,7 +294,9 @@ async fn responses_stream_sends_openai_events_in_order() {
     let done = &events[11].1["response"];
     assert_eq!(done["status"], "completed");
     assert_eq!(done["output"][0]["content"][0]["text"], "ok: 2 messages");
-    assert!(done["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    let sent = serde_json::to_vec(&body).unwrap().len() as u64;
+    assert_eq!(done["usage"]["prompt_tokens"], sent / 4, "{done}");
+    assert_eq!(done["usage"]["input_tokens"], sent / 4, "{done}");
 }
 
 #[tokio::test]

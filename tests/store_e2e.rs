@@ -4,7 +4,7 @@
 //! [`Backend`], run twice by `on_both_backends!`: on a fresh SQLite file and on a fresh
 //! PostgreSQL database (`CTXPROXY_TEST_PG_URL`; skipped when unset unless `CI=true`).
 //! More behaviours live in `store_e2e/` (sessions and tenants, replies and failures,
-//! concurrency).
+//! concurrency, the admin API).
 
 mod common;
 
@@ -75,6 +75,8 @@ macro_rules! on_both_backends {
     };
 }
 
+#[path = "store_e2e/admin.rs"]
+mod admin;
 #[path = "store_e2e/concurrency.rs"]
 mod concurrency;
 #[path = "store_e2e/replies.rs"]

@@ -42,7 +42,10 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-/// `GET /ctxproxy/v1/sessions?tenant=&limit=&after=`: newest first, keyset pagination.
+/// `GET /ctxproxy/v1/sessions?tenant=&limit=&after=`: newest first, keyset pagination. `after`
+/// is the `next` cursor of the previous page or the id of the last session seen. The answer is
+/// an OpenAI-style list (`object`, `data`, `first_id`, `last_id`, `has_more`) plus `next`, the
+/// cursor that pages exactly even where session ids repeat across tenants.
 pub async fn list_sessions(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -60,7 +63,16 @@ pub async fn list_sessions(
             after: q.after,
         })
         .await?;
-    Ok(Json(json!({"data": page.sessions, "next": page.next})))
+    let first_id = page.sessions.first().map(|s| s.id.clone());
+    let last_id = page.sessions.last().map(|s| s.id.clone());
+    Ok(Json(json!({
+        "object": "list",
+        "data": page.sessions,
+        "first_id": first_id,
+        "last_id": last_id,
+        "has_more": page.next.is_some(),
+        "next": page.next,
+    })))
 }
 
 /// `GET /ctxproxy/v1/sessions/{tenant}/{session}`.

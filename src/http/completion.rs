@@ -107,9 +107,12 @@ impl Completion {
         let response_id = reply
             .filter(|_| self.endpoint == Endpoint::Responses)
             .and_then(|r| r.id.clone());
+        // SPEC 4.2: every choice is kept in the record, also the only one (a streamed reply's
+        // finish reason lives nowhere else), and so is the usage the upstream reported.
         let choices = reply
-            .filter(|r| r.choices.len() > 1)
+            .filter(|r| !r.choices.is_empty())
             .map(|r| Value::Array(r.choices.clone()));
+        let usage = reply.and_then(|r| r.usage.clone());
         let record = NewRequestRecord {
             tenant: self.tenant.clone(),
             session: self.session.clone(),
@@ -127,6 +130,7 @@ impl Completion {
                 .as_ref()
                 .and_then(|r| serde_json::to_value(r).ok()),
             choices,
+            usage,
         };
         let close = TurnClose {
             reply: (!new.is_empty()).then_some(Append {

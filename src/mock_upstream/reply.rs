@@ -58,34 +58,47 @@ pub(crate) fn decide(
 }
 
 /// `call get_weather {"city": "Tokyo"}` → one call to `get_weather` with `{"city": "Tokyo"}`, the
-/// argument text exactly as written, provided it is a JSON object. Several calls separated by `;`
-/// (`call a {"x": 1}; call b {}`) are answered as parallel tool calls, in the order written.
+/// argument text exactly as written, provided it is a JSON object. SPEC 9 only asks that the text
+/// *start* with the trigger, so whatever follows the first complete object is ignored
+/// (`call f {"a": 1} and hurry`). Several calls separated by `;` (`call a {"x": 1}; call b {}`)
+/// are answered as parallel tool calls, in the order written; the chain ends at the first `;`
+/// part that is not itself a call, which is then trailing text like any other.
 pub(crate) fn parse_calls(text: &str) -> Option<Vec<ToolCall>> {
-    let mut calls = Vec::new();
-    let mut rest = text;
-    loop {
-        let body = rest.strip_prefix("call ")?.trim_start();
-        let end = body.find(|c: char| c.is_whitespace() || c == '{')?;
-        let (name, args) = body.split_at(end);
-        let args = args.trim_start();
-        if name.is_empty() || !args.starts_with('{') {
-            return None;
-        }
-        let mut values = serde_json::Deserializer::from_str(args).into_iter::<Value>();
-        let Some(Ok(Value::Object(_))) = values.next() else {
-            return None;
-        };
-        let used = values.byte_offset();
-        calls.push(ToolCall {
-            name: name.to_owned(),
-            arguments: args[..used].to_owned(),
-        });
-        let tail = args[used..].trim();
-        if tail.is_empty() {
-            return Some(calls);
-        }
-        rest = tail.strip_prefix(';')?.trim_start();
+    let (first, mut rest) = parse_call(text)?;
+    let mut calls = vec![first];
+    while let Some((call, tail)) = rest
+        .trim_start()
+        .strip_prefix(';')
+        .and_then(|next| parse_call(next.trim_start()))
+    {
+        calls.push(call);
+        rest = tail;
     }
+    Some(calls)
+}
+
+/// One `call <name> <JSON object>` at the start of `text`, and the text after the object. The
+/// object is read as exactly one JSON value, so text after it does not spoil it.
+fn parse_call(text: &str) -> Option<(ToolCall, &str)> {
+    let body = text.strip_prefix("call ")?.trim_start();
+    let end = body.find(|c: char| c.is_whitespace() || c == '{')?;
+    let (name, args) = body.split_at(end);
+    let args = args.trim_start();
+    if name.is_empty() || !args.starts_with('{') {
+        return None;
+    }
+    let mut values = serde_json::Deserializer::from_str(args).into_iter::<Value>();
+    let Some(Ok(Value::Object(_))) = values.next() else {
+        return None;
+    };
+    let (arguments, tail) = args.split_at(values.byte_offset());
+    Some((
+        ToolCall {
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        },
+        tail,
+    ))
 }
 
 /// The text of a message `content`: a string, or the `text` of its text parts joined.
@@ -146,7 +159,26 @@ mod tests {
         assert_eq!(parse_calls("call get_weather [1]"), None);
         assert_eq!(parse_calls("calling get_weather {}"), None);
         assert_eq!(parse_calls("call {}"), None);
-        assert_eq!(parse_calls(r#"call f {"a": 1} and more"#), None);
+        assert_eq!(parse_calls(r#"call f {"a": 1"#), None);
+        assert_eq!(parse_calls(r#"please call f {"a": 1}"#), None);
+    }
+
+    #[test]
+    fn call_trigger_ignores_text_after_the_json_object() {
+        let one = |args: &str| Some(vec![call("get_weather", args)]);
+        assert_eq!(
+            parse_calls(r#"call get_weather {"city": "Tokyo"} and please hurry"#),
+            one(r#"{"city": "Tokyo"}"#)
+        );
+        assert_eq!(
+            parse_calls("call get_weather {\"city\": \"Tokyo\"}\nThanks! {\"x\": 1}"),
+            one(r#"{"city": "Tokyo"}"#)
+        );
+        assert_eq!(
+            parse_calls(r#"call get_weather {"city": "Tokyo"}, then summarise"#),
+            one(r#"{"city": "Tokyo"}"#)
+        );
+        assert_eq!(parse_calls("call get_weather {}."), one("{}"));
     }
 
     #[test]
@@ -159,8 +191,16 @@ mod tests {
                 call("get_time", "{}"),
             ])
         );
-        assert_eq!(parse_calls(r#"call f {}; call g [1]"#), None);
-        assert_eq!(parse_calls(r#"call f {};"#), None);
+        // A `;` part that is not a call ends the chain: it is trailing text.
+        assert_eq!(
+            parse_calls(r#"call f {}; call g [1]"#),
+            Some(vec![call("f", "{}")])
+        );
+        assert_eq!(parse_calls(r#"call f {};"#), Some(vec![call("f", "{}")]));
+        assert_eq!(
+            parse_calls(r#"call f {}; call g {} and then stop"#),
+            Some(vec![call("f", "{}"), call("g", "{}")])
+        );
     }
 
     #[test]

@@ -58,7 +58,10 @@ pub(crate) async fn handle(
     };
     let prompt = prompt_tokens(&body);
     let completion = answer.completion_tokens();
+    // The Responses API's own names, plus SPEC 9's `prompt_tokens` (same value) so one
+    // field tells the characters received / 4 whichever API a test called.
     let usage = json!({
+        "prompt_tokens": prompt,
         "input_tokens": prompt,
         "input_tokens_details": { "cached_tokens": 0 },
         "output_tokens": completion,

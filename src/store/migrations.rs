@@ -31,6 +31,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "prefix index on replied rows only",
         sql: include_str!("../../migrations/sqlite/0002_prefix_index_replies_only.sql"),
     },
+    Migration {
+        version: 3,
+        description: "usage in request records",
+        sql: include_str!("../../migrations/sqlite/0003_request_usage.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -44,6 +49,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 2,
         description: "prefix index on replied rows only",
         sql: include_str!("../../migrations/postgres/0002_prefix_index_replies_only.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "usage in request records",
+        sql: include_str!("../../migrations/postgres/0003_request_usage.sql"),
     },
 ];
 

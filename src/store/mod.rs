@@ -7,6 +7,7 @@
 //! (`conversation::identity`): since an id hashes its whole prefix, "this id is stored in that
 //! session" means "that whole prefix is stored there", which is what auto matching relies on.
 
+mod cursor;
 mod lease;
 mod migrations;
 mod postgres;
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub(crate) use cursor::{After, Keyset, encode_cursor};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use time::Timestamp;
@@ -163,7 +165,8 @@ pub trait Store: Send + Sync {
     /// The session's request records, oldest first.
     async fn list_requests(&self, tenant: &str, session: &str) -> Result<Vec<RequestRecord>>;
 
-    /// Sessions, most recently updated first, keyset-paginated by the opaque `next` cursor.
+    /// Sessions, most recently updated first, keyset-paginated: `after` is the opaque `next`
+    /// cursor of the previous page or the id of the last session seen (see [`SessionQuery`]).
     async fn list_sessions(&self, query: &SessionQuery) -> Result<SessionPage>;
 
     /// Deletes the session and everything stored for it. `false`: there was no such session.
@@ -227,27 +230,6 @@ pub trait Store: Send + Sync {
             summary,
         }))
     }
-}
-
-/// Keyset cursor for the session list: the last row's (updated_at, tenant, id), hex-encoded so
-/// it is opaque and URL-safe.
-pub(crate) fn encode_cursor(s: &Session) -> String {
-    hex::encode(format!("{}\n{}\n{}", s.updated_at.millis(), s.tenant, s.id))
-}
-
-/// Inverse of [`encode_cursor`]; a malformed cursor is the client's error.
-pub(crate) fn decode_cursor(cursor: &str) -> Result<(i64, String, String)> {
-    let bad = || Error::invalid("invalid pagination cursor", Some("after".to_string()));
-    let text = String::from_utf8(hex::decode(cursor).map_err(|_| bad())?).map_err(|_| bad())?;
-    let mut parts = text.splitn(3, '\n');
-    let (Some(ms), Some(tenant), Some(id)) = (parts.next(), parts.next(), parts.next()) else {
-        return Err(bad());
-    };
-    Ok((
-        ms.parse().map_err(|_| bad())?,
-        tenant.to_string(),
-        id.to_string(),
-    ))
 }
 
 /// The page size actually used.

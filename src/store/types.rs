@@ -168,8 +168,13 @@ pub struct NewRequestRecord {
     pub request_id: Option<String>,
     /// The pipeline report (SPEC 5.3).
     pub report: Option<Value>,
-    /// Choices beyond the first when `n > 1`.
+    /// Chat: every choice of the reply (`index`, `message`, `finish_reason`), as the upstream
+    /// sent them or as rebuilt from a stream; choice 0 is also the stored reply, the others
+    /// (`n > 1`) are kept only here. `None` for the Responses API, which has no choices.
     pub choices: Option<Value>,
+    /// The reply's `usage` as the upstream reported it (rebuilt from a stream's usage chunk);
+    /// `None` when it reported none.
+    pub usage: Option<Value>,
 }
 
 /// A stored request record.
@@ -191,7 +196,10 @@ pub struct RequestRecord {
     pub upstream_latency_ms: Option<i64>,
     pub request_id: Option<String>,
     pub report: Option<Value>,
+    /// Every choice of a chat reply (see [`NewRequestRecord::choices`]).
     pub choices: Option<Value>,
+    /// The reply's usage as the upstream reported it.
+    pub usage: Option<Value>,
 }
 
 /// A summary to insert. It covers the branch from the root up to `anchor` (at seq
@@ -232,7 +240,10 @@ pub struct SessionQuery {
     pub tenant: Option<String>,
     /// Clamped to 1..=1000 by the store.
     pub limit: u32,
-    /// The `next` cursor of the previous page.
+    /// Where the page starts: the `next` cursor of the previous page, or (as OpenAI's list
+    /// endpoints take it) the id of the last session seen, looked up within `tenant` when given.
+    /// A session id that is unknown, or without `tenant` shared by several tenants, is an
+    /// `InvalidRequest` on `after`.
     pub after: Option<String>,
 }
 

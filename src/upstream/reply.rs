@@ -20,7 +20,7 @@ pub enum ApiKind {
 pub struct Reply {
     /// Chat: the message of choice 0. Responses: the output items.
     pub messages: Vec<Value>,
-    /// Chat with `n > 1`: every choice, for the request record.
+    /// Chat: every choice (choice 0 included), for the request record; empty for Responses.
     pub choices: Vec<Value>,
     pub usage: Option<Value>,
     /// The upstream's id for the answer (`chatcmpl-…` or `resp_…`).

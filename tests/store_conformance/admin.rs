@@ -72,6 +72,26 @@ pub async fn session_list_is_keyset_paginated_newest_first(fx: &Fixture) {
     }
     assert_eq!(seen, vec!["s6", "s5", "s4", "s3", "s2", "s1", "s0"]);
 
+    // OpenAI-style: `after` may be the id of the last session seen instead of the cursor.
+    let mut by_id = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = s
+            .list_sessions(&SessionQuery {
+                tenant: None,
+                limit: 3,
+                after: after.clone(),
+            })
+            .await
+            .unwrap();
+        by_id.extend(page.sessions.iter().map(|x| x.id.clone()));
+        if page.next.is_none() {
+            break;
+        }
+        after = page.sessions.last().map(|x| x.id.clone());
+    }
+    assert_eq!(by_id, seen);
+
     let odd = s
         .list_sessions(&SessionQuery {
             tenant: Some("odd".into()),
@@ -205,6 +225,7 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
             request_id: Some(format!("req_{i}")),
             report: Some(json!({"tokens_in": 100, "removed": [{"index": 1, "role": "tool", "reason": "tool_filter"}]})),
             choices: (i == 2).then(|| json!([{"index": 1, "message": {"role": "assistant", "content": "alt"}}])),
+            usage: (i == 1).then(|| json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9, "x_extra": {"kept": true}})),
         })
         .await
         .unwrap();
@@ -224,6 +245,13 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
         "tool_filter"
     );
     assert!(list[0].choices.is_none());
+    assert!(list[0].usage.is_none());
+    assert_eq!(
+        list[1].usage,
+        Some(
+            json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9, "x_extra": {"kept": true}})
+        )
+    );
     assert_eq!(
         list[2].choices.as_ref().unwrap()[0]["message"]["content"],
         "alt"

@@ -36,10 +36,10 @@ async fn auto_mode_separates_conversations_and_finds_a_continued_one(b: Backend)
     assert_eq!(stored.len(), 2, "the other conversation is untouched");
 }
 
-const ACME_KEY: &str = "sk-proxy-acme-store-e2e";
+pub(super) const ACME_KEY: &str = "sk-proxy-acme-store-e2e";
 const ACME_UPSTREAM_ENV: &str = "CTXPROXY_STORE_E2E_ACME_KEY";
 
-fn two_tenants(b: &Backend) -> ProxyOptions {
+pub(super) fn two_tenants(b: &Backend) -> ProxyOptions {
     use sha2::Digest;
     let hash = hex::encode(sha2::Sha256::digest(ACME_KEY.as_bytes()));
     // SAFETY: set before the proxy starts, to the same value by every test that reads it.

@@ -4,9 +4,10 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
 use sqlx::{QueryBuilder, Row};
 
+use super::super::cursor::{SESSION_LOOKUP_LIMIT, session_position};
 use super::super::time::Timestamp;
 use super::super::types::*;
-use super::super::{clamp_limit, decode_cursor, encode_cursor};
+use super::super::{After, Keyset, clamp_limit, encode_cursor};
 use super::{SESSION_COLUMNS, session_from_row};
 use crate::conversation::MessageId;
 use crate::{Error, Result};
@@ -33,8 +34,8 @@ pub(super) async fn insert_request(
     sqlx::query(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
-         choices) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-         $14::text::json, $15::text::json)",
+         choices, usage) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+         $14::text::json, $15::text::json, $16::text::json)",
     )
     .bind(&id)
     .bind(&r.tenant)
@@ -51,6 +52,7 @@ pub(super) async fn insert_request(
     .bind(&r.request_id)
     .bind(json_text(&r.report)?)
     .bind(json_text(&r.choices)?)
+    .bind(json_text(&r.usage)?)
     .execute(&mut *conn)
     .await?;
     Ok(RequestRecord {
@@ -69,6 +71,7 @@ pub(super) async fn insert_request(
         request_id: r.request_id.clone(),
         report: r.report.clone(),
         choices: r.choices.clone(),
+        usage: r.usage.clone(),
     })
 }
 
@@ -104,7 +107,7 @@ pub(super) async fn list_requests(
     let rows = sqlx::query(
         "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
          tokens_out, latency_ms, upstream_latency_ms, request_id, report::text AS report, \
-         choices::text AS choices \
+         choices::text AS choices, usage::text AS usage \
          FROM requests WHERE tenant = $1 AND session_id = $2 ORDER BY created_at, id",
     )
     .bind(tenant)
@@ -133,6 +136,7 @@ fn request_from_row(row: &PgRow) -> Result<RequestRecord> {
         request_id: row.try_get("request_id")?,
         report: json_value(row.try_get("report")?)?,
         choices: json_value(row.try_get("choices")?)?,
+        usage: json_value(row.try_get("usage")?)?,
     })
 }
 
@@ -145,11 +149,22 @@ pub(super) async fn list_sessions(pool: &PgPool, q: &SessionQuery) -> Result<Ses
         qb.push(" AND s.tenant = ").push_bind(tenant.clone());
     }
     if let Some(after) = &q.after {
-        let (ms, tenant, id) = decode_cursor(after)?;
+        let Keyset {
+            updated_ms,
+            tenant,
+            id,
+        } = match After::parse(after) {
+            After::Cursor(position) => position,
+            After::Session(id) => session_position(
+                &id,
+                q.tenant.as_deref(),
+                sessions_named(pool, &id, q.tenant.as_deref()).await?,
+            )?,
+        };
         qb.push(" AND (s.updated_at < ")
-            .push_bind(ms)
+            .push_bind(updated_ms)
             .push(" OR (s.updated_at = ")
-            .push_bind(ms)
+            .push_bind(updated_ms)
             .push(" AND (s.tenant > ")
             .push_bind(tenant.clone())
             .push(" OR (s.tenant = ")
@@ -173,6 +188,38 @@ pub(super) async fn list_sessions(pool: &PgPool, q: &SessionQuery) -> Result<Ses
         None
     };
     Ok(SessionPage { sessions, next })
+}
+
+/// The list positions of the sessions called `id` (within `tenant` when given), by tenant.
+/// Without a tenant this scans `sessions_by_update`: fine for an admin call.
+async fn sessions_named(pool: &PgPool, id: &str, tenant: Option<&str>) -> Result<Vec<Keyset>> {
+    // Two statements rather than `($2 IS NULL OR tenant = $2)`, which a generic plan would
+    // answer without the primary key.
+    let rows = match tenant {
+        Some(tenant) => {
+            sqlx::query("SELECT updated_at, tenant, id FROM sessions WHERE tenant = $1 AND id = $2")
+                .bind(tenant)
+                .bind(id)
+                .fetch_all(pool)
+                .await?
+        }
+        None => sqlx::query(
+            "SELECT updated_at, tenant, id FROM sessions WHERE id = $1 ORDER BY tenant LIMIT $2",
+        )
+        .bind(id)
+        .bind(SESSION_LOOKUP_LIMIT)
+        .fetch_all(pool)
+        .await?,
+    };
+    rows.iter()
+        .map(|row| {
+            Ok(Keyset {
+                updated_ms: row.try_get("updated_at")?,
+                tenant: row.try_get("tenant")?,
+                id: row.try_get("id")?,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn insert_summary(

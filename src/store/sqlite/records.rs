@@ -5,9 +5,10 @@ use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde_json::Value;
 
+use super::super::cursor::{SESSION_LOOKUP_LIMIT, session_position};
 use super::super::time::Timestamp;
 use super::super::types::*;
-use super::super::{clamp_limit, decode_cursor, encode_cursor};
+use super::super::{After, Keyset, clamp_limit, encode_cursor};
 use super::{SESSION_COLUMNS, session_from_row};
 use crate::conversation::MessageId;
 use crate::{Error, Result};
@@ -31,7 +32,7 @@ pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<
     conn.prepare_cached(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
-         choices) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         choices, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )?
     .execute(params![
         id,
@@ -49,6 +50,7 @@ pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<
         r.request_id,
         json_text(&r.report)?,
         json_text(&r.choices)?,
+        json_text(&r.usage)?,
     ])?;
     Ok(RequestRecord {
         id,
@@ -66,6 +68,7 @@ pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<
         request_id: r.request_id.clone(),
         report: r.report.clone(),
         choices: r.choices.clone(),
+        usage: r.usage.clone(),
     })
 }
 
@@ -100,7 +103,7 @@ pub(super) fn list_requests(
 ) -> Result<Vec<RequestRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
-         tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices \
+         tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices, usage \
          FROM requests WHERE tenant = ? AND session_id = ? ORDER BY created_at, id",
     )?;
     let mut rows = stmt.query(params![tenant, session])?;
@@ -130,6 +133,7 @@ fn request_from_row(row: &Row<'_>) -> Result<RequestRecord> {
         request_id: row.get("request_id")?,
         report: json_value(row.get("report")?)?,
         choices: json_value(row.get("choices")?)?,
+        usage: json_value(row.get("usage")?)?,
     })
 }
 
@@ -142,13 +146,24 @@ pub(super) fn list_sessions(conn: &Connection, q: &SessionQuery) -> Result<Sessi
         params.push(Box::new(tenant.clone()));
     }
     if let Some(after) = &q.after {
-        let (ms, tenant, id) = decode_cursor(after)?;
+        let Keyset {
+            updated_ms,
+            tenant,
+            id,
+        } = match After::parse(after) {
+            After::Cursor(position) => position,
+            After::Session(id) => session_position(
+                &id,
+                q.tenant.as_deref(),
+                sessions_named(conn, &id, q.tenant.as_deref())?,
+            )?,
+        };
         sql.push_str(
             " AND (s.updated_at < ? OR (s.updated_at = ? AND (s.tenant > ? \
              OR (s.tenant = ? AND s.id > ?))))",
         );
-        params.push(Box::new(ms));
-        params.push(Box::new(ms));
+        params.push(Box::new(updated_ms));
+        params.push(Box::new(updated_ms));
         params.push(Box::new(tenant.clone()));
         params.push(Box::new(tenant));
         params.push(Box::new(id));
@@ -169,6 +184,34 @@ pub(super) fn list_sessions(conn: &Connection, q: &SessionQuery) -> Result<Sessi
         None
     };
     Ok(SessionPage { sessions, next })
+}
+
+/// The list positions of the sessions called `id` (within `tenant` when given), by tenant.
+/// Without a tenant this reads the whole `sessions_by_update` index: fine for an admin call.
+fn sessions_named(conn: &Connection, id: &str, tenant: Option<&str>) -> Result<Vec<Keyset>> {
+    // Two statements rather than `(? IS NULL OR tenant = ?)`, which hides the primary key.
+    let row = |row: &Row<'_>| {
+        Ok(Keyset {
+            updated_ms: row.get(0)?,
+            tenant: row.get(1)?,
+            id: row.get(2)?,
+        })
+    };
+    let found = match tenant {
+        Some(tenant) => conn
+            .prepare_cached(
+                "SELECT updated_at, tenant, id FROM sessions WHERE tenant = ? AND id = ?",
+            )?
+            .query_map(params![tenant, id], row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+        None => conn
+            .prepare_cached(
+                "SELECT updated_at, tenant, id FROM sessions WHERE id = ? ORDER BY tenant LIMIT ?",
+            )?
+            .query_map(params![id, SESSION_LOOKUP_LIMIT], row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
+    Ok(found)
 }
 
 pub(super) fn insert_summary(
