@@ -234,3 +234,15 @@ fn shipped_config_is_valid() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("ok: "), "{stdout}");
 }
+
+#[test]
+fn an_empty_keys_list_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("nobody", "keys: []\n")]);
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: tenants/nobody.yaml: keys: the list is empty"),
+        "{out}"
+    );
+}

@@ -309,6 +309,11 @@ fn build_tenant(
         file: label.to_string(),
         message,
     };
+    if matches!(&file.keys, Keys::Listed(keys) if keys.is_empty()) {
+        warnings.push(problem(
+            "keys: the list is empty, so no request can select this tenant".to_string(),
+        ));
+    }
     let base = upstream_override.unwrap_or(&file.upstream.base_url);
     if !(base.starts_with("http://") || base.starts_with("https://")) {
         problems.push(problem(format!(
