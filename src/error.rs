@@ -65,6 +65,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// For [`Error::ContextLengthExceeded`], names `param` as the field holding the
+    /// conversation; any other error is returned as it is.
+    pub fn with_conversation_param(mut self, field: &'static str) -> Self {
+        if let Error::ContextLengthExceeded { param, .. } = &mut self {
+            *param = field;
+        }
+        self
+    }
+
     /// A 400 naming the offending field.
     pub fn invalid(message: impl Into<String>, param: impl Into<Option<String>>) -> Self {
         Error::InvalidRequest {

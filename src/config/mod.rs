@@ -324,18 +324,15 @@ fn build_tenant(
     // Authorization goes upstream, which suits a local model server that needs none. A variable
     // that is named but unset is most likely a deployment mistake, so it is a warning, not a
     // problem: check-config runs where the secret often is not, and the tenant still loads.
-    let upstream_key = match &file.upstream.api_key_env {
-        Some(var) => {
-            let value = std::env::var(var).ok().filter(|v| !v.is_empty());
-            if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
-                warnings.push(problem(format!(
-                    "upstream.api_key_env: the variable {var} is not set; requests will reach the upstream without a key"
-                )));
-            }
-            value
+    let upstream_key = file.upstream.api_key_env.as_ref().and_then(|var| {
+        let value = std::env::var(var).ok().filter(|v| !v.is_empty());
+        if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
+            warnings.push(problem(format!(
+                "upstream.api_key_env: the variable {var} is not set; requests will reach the upstream without a key"
+            )));
         }
-        None => None,
-    };
+        value
+    });
     // A role missing from `tools.roles` does not stop the tenant: SPEC 6 says an unknown role
     // is 403, so requests acting as it are refused at request time (access::resolve_role). It
     // is almost always a typo, hence the warnings.

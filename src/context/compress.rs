@@ -115,13 +115,8 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
         (Value::Object(mut map), Value::Object(original)) => {
             let is_container =
                 |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
-            let mut order: Vec<String> = map
-                .keys()
-                .rev()
-                .filter(|k| is_container(k))
-                .cloned()
-                .collect();
-            order.extend(map.keys().rev().filter(|k| !is_container(k)).cloned());
+            let mut order: Vec<String> = map.keys().rev().cloned().collect();
+            order.sort_by_key(|k| !is_container(k)); // stable: each group stays end-first
             let mut omitted = 0usize;
             for key in order {
                 map.remove(&key);

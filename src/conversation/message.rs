@@ -74,27 +74,19 @@ where
 
 /// A chat message. `content` is `None` when absent and `Some(Value::Null)` when sent as null.
 /// A `name` or `tool_call_id` sent as null is kept in `extra` (the typed fields hold strings
-/// only), so the message is stored and forwarded as received.
+/// only), so the message is stored and forwarded as received. Read through [`WireMessage`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(from = "WireMessage")]
 pub struct Message {
     pub role: Role,
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// `None` when absent; `Some(None)` when sent as `null`.
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Option<Vec<ToolCall>>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,

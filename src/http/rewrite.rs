@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::config::{Config, Selected, Tenant};
 use crate::context::{self, PipelineInput, Report, ToolAccess};
 use crate::conversation::{Message, MessageId, Role, responses_items};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::summarize;
 
 /// Why the conversation is rewritten.
@@ -171,17 +171,9 @@ pub async fn rewrite(
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
-            let rewritten = context::run(input, &state.tokens).map_err(|e| match e {
-                // A Responses request carries its conversation in `input`.
-                Error::ContextLengthExceeded { window, needed, .. } => {
-                    Error::ContextLengthExceeded {
-                        window,
-                        needed,
-                        param: "input",
-                    }
-                }
-                other => other,
-            })?;
+            // A Responses request carries its conversation in `input`.
+            let rewritten = context::run(input, &state.tokens)
+                .map_err(|e| e.with_conversation_param("input"))?;
             if purpose == Purpose::Live {
                 count_rewrites(&rewritten.report);
             }
