@@ -7,6 +7,8 @@
 #
 #   benches/floor.sh                 # 1,000/s, 8 s per run
 #   RATE=500 DUR=5 benches/floor.sh
+#   BIN=/tmp/base benches/floor.sh   # binaries from elsewhere (no build), e.g. to compare commits
+#   STORES=file CASES=chat benches/floor.sh
 #
 # Needs oha (cargo install oha --locked) and release builds (built here).
 set -euo pipefail
@@ -20,12 +22,18 @@ mkdir -p "$OUT/tenants" "$OUT/data"
 OUT=$(cd "$OUT" && pwd)
 MOCK=127.0.0.1:19100
 PROXY=127.0.0.1:18180
-cargo build --release --bins -q
+BIN=${BIN:-}
+if [[ -z $BIN ]]; then
+  cargo build --release --bins -q
+  BIN=target/release
+fi
+STORES=${STORES:-"file memory"}
+CASES=${CASES:-"models chat"}
 cp config/tenants/default.yaml "$OUT/tenants/"
 sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$OUT/small.json"
 
-target/release/mock-upstream --listen "$MOCK" --no-record >"$OUT/mock.log" 2>&1 &
+"$BIN/mock-upstream" --listen "$MOCK" --no-record >"$OUT/mock.log" 2>&1 &
 MOCK_PID=$!
 PID=
 trap 'kill $MOCK_PID $PID 2>/dev/null || true' EXIT
@@ -41,13 +49,14 @@ print(" / ".join(f"{p[k]*1000:.2f}" for k in ("p50","p90","p99")), f"({ok} of {n
 }
 chat=(-m POST -H 'content-type: application/json' -D "$OUT/small.json")
 
-for store in "sqlite://$OUT/data/floor.db?mode=rwc" "sqlite::memory:"; do
+for kind in $STORES; do
+  if [[ $kind == file ]]; then store="sqlite://$OUT/data/floor.db?mode=rwc"; else store="sqlite::memory:"; fi
   CTXPROXY_LISTEN=$PROXY CTXPROXY_DATABASE_URL="$store" CTXPROXY_UPSTREAM_URL="http://$MOCK/v1" \
-    CTXPROXY_LOG=warn target/release/ctxproxy serve --config "$OUT/ctxproxy.yaml" >"$OUT/proxy.log" 2>&1 &
+    CTXPROXY_LOG=warn "$BIN/ctxproxy" serve --config "$OUT/ctxproxy.yaml" >"$OUT/proxy.log" 2>&1 &
   PID=$!
   for _ in $(seq 200); do curl -fs -o /dev/null "http://$PROXY/readyz" && break; sleep 0.05; done
   echo "store: $store"
-  for case in models chat; do
+  for case in $CASES; do
     if [[ $case == models ]]; then opts=(); path=/v1/models; else opts=("${chat[@]}"); path=/v1/chat/completions; fi
     echo "  $case direct   p50/p90/p99 ms: $(load "http://$MOCK$path" "${opts[@]}")"
     before=$(awk '{print $14+$15}' /proc/$PID/stat)

@@ -364,4 +364,25 @@ pub async fn auto_match_handles_long_conversations(fx: &Fixture) {
     );
     assert_eq!((m.session_id.as_str(), m.matched_len), ("long", 600));
     assert_eq!(s.head_branch("t", "long").await.unwrap().len(), 600);
+
+    // The stored part ends well before the incoming one (many new messages at once) and, for
+    // the second, before the last 500 ids: still the longest stored prefix, whichever part of
+    // the incoming ids it lies in.
+    for extra in [30, 520] {
+        let mut incoming = conv.clone();
+        incoming.extend((0..extra).map(|i| msg("user", &format!("new {i}"))));
+        let m = s
+            .find_session_by_prefix("t", &scope(), &chain_ids(&incoming))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((m.session_id.as_str(), m.matched_len), ("long", 600));
+    }
+    // A prefix that ends on a client message still matches up to it.
+    let m = s
+        .find_session_by_prefix("t", &scope(), &chain_ids(&conv[..41]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((m.session_id.as_str(), m.matched_len), ("long", 41));
 }

@@ -3,6 +3,7 @@
 //! connection; `append` runs inside the writer's transaction, the rest on a reader.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -15,18 +16,22 @@ use crate::{Error, Result};
 
 /// Ids per IN list; well under SQLite's limit of 32766 variables.
 const CHUNK: usize = 500;
+/// Ids in the first, tail-end window of a prefix lookup: covers a client resending its history
+/// with a few new messages (a user message, or the results of parallel tool calls).
+const FIRST_PROBE: usize = 8;
 /// IN lists are padded (with repeats of their last id) to a multiple of this, so that the
 /// statement cache holds a few shapes instead of one per conversation length.
 const PAD: usize = 50;
 
-/// `?{first}, ?{first+1}, …` for an IN list of `n` ids, padded to [`PAD`]; and the padded length.
-fn in_list(first: usize, n: usize) -> (String, usize) {
+/// The placeholders of an IN list of `n` ids, padded to [`PAD`], and the padded length. They
+/// are bare `?`s: SQLite numbers each one past the highest number used before it, so the list
+/// follows the statement's numbered leading parameters, and one static string serves every
+/// statement.
+fn in_list(n: usize) -> (&'static str, usize) {
+    static PLACEHOLDERS: LazyLock<String> = LazyLock::new(|| vec!["?"; CHUNK].join(", "));
     let padded = n.div_ceil(PAD).max(1) * PAD;
-    let list = (first..first + padded)
-        .map(|i| format!("?{i}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    (list, padded)
+    // "?, " per id, without the last separator.
+    (&PLACEHOLDERS[..padded * 3 - 2], padded)
 }
 
 /// `leading` followed by `ids`, padded to `padded` ids by repeating the last one (a repeat in
@@ -94,7 +99,7 @@ pub(super) fn append(
     let ids: Vec<MessageId> = messages.iter().map(|m| m.id).collect();
     let mut existing: HashMap<MessageId, bool> = HashMap::new();
     for chunk in ids.chunks(CHUNK) {
-        let (list, padded) = in_list(3, chunk.len());
+        let (list, padded) = in_list(chunk.len());
         let sql = format!(
             "SELECT id, reply_in_prefix FROM messages \
              WHERE tenant = ?1 AND session_id = ?2 AND id IN ({list})"
@@ -260,10 +265,12 @@ pub(super) fn find_by_prefix(
     scope: &Scope,
     ids: &[MessageId],
 ) -> Result<Option<PrefixMatch>> {
-    // Best over all chunks by (matched length, session updated_at).
-    let mut best: Option<(i64, i64, String)> = None;
-    for chunk in ids.chunks(CHUNK) {
-        let (list, padded) = in_list(4, chunk.len());
+    // Windows from the end: ids are chained, so a match in a later window is longer than any
+    // in an earlier one and the first window that matches holds the answer. A client resending
+    // its history matches all but its last message or two: one small probe, not one per id.
+    for window in tail_first_windows(ids.len()) {
+        let chunk = &ids[window];
+        let (list, padded) = in_list(chunk.len());
         // `+m.session_id`: without it SQLite walks a whole tenant's messages in an index that
         // is ordered by session (to group without sorting) instead of looking the ids up.
         let sql = format!(
@@ -285,14 +292,44 @@ pub(super) fn find_by_prefix(
                 ))
             })
             .optional()?;
-        if let Some(cand) = row
-            && best.as_ref().is_none_or(|b| (cand.0, cand.1) > (b.0, b.1))
-        {
-            best = Some(cand);
+        // Within a window the query already picks by (matched length, session updated_at).
+        if let Some((seq, _, session_id)) = row {
+            return Ok(Some(PrefixMatch {
+                session_id,
+                matched_len: (seq + 1) as usize,
+            }));
         }
     }
-    Ok(best.map(|(seq, _, session_id)| PrefixMatch {
-        session_id,
-        matched_len: (seq + 1) as usize,
-    }))
+    Ok(None)
+}
+
+/// The windows of a prefix lookup over `len` ids, last first: the final [`FIRST_PROBE`] ids,
+/// then chunks of up to [`CHUNK`] going back to the start.
+fn tail_first_windows(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let tail = len.saturating_sub(FIRST_PROBE);
+    let earlier = (0..tail.div_ceil(CHUNK)).map(move |k| {
+        let end = tail - k * CHUNK;
+        end.saturating_sub(CHUNK)..end
+    });
+    std::iter::once(tail..len)
+        .filter(|w| !w.is_empty())
+        .chain(earlier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_cover_every_id_once_from_the_end() {
+        for len in [0, 1, 7, 8, 9, 200, 508, 509, 1500] {
+            let windows: Vec<_> = tail_first_windows(len).collect();
+            let covered: Vec<usize> = windows.iter().rev().flat_map(|w| w.clone()).collect();
+            assert_eq!(covered, (0..len).collect::<Vec<_>>(), "len {len}");
+            assert!(windows.iter().all(|w| !w.is_empty() && w.len() <= CHUNK));
+            if len > 0 {
+                assert_eq!(windows[0], len.saturating_sub(FIRST_PROBE)..len);
+            }
+        }
+    }
 }
