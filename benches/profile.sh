@@ -8,14 +8,16 @@
 #   benches/profile.sh                  # 1,000/s for 10 s
 #   RATE=500 PERF=1 benches/profile.sh  # also `perf record -g` the proxy; report printed
 #   CASE=history benches/profile.sh     # loadgen's 200-message history case (100 users) instead
+#   CASE=history_new benches/profile.sh # the same 200 messages as a new session every time
 #
-# Knobs: RATE (1000; 100 for CASE=history), DUR (10), CASE (small | history), DB_URL, PERF,
-# LOG (info), BIN (target/release), OUT (target/profile). Needs oha; PERF=1 needs perf.
+# Knobs: RATE (1000; 100 for the history cases), DUR (10), CASE (small | history | history_new),
+# DB_URL, PERF, LOG (info), BIN (target/release), OUT (target/profile). Needs oha; PERF=1 needs
+# perf.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 CASE=${CASE:-small}
-if [[ $CASE == history ]]; then RATE=${RATE:-100}; else RATE=${RATE:-1000}; fi
+if [[ $CASE == history* ]]; then RATE=${RATE:-100}; else RATE=${RATE:-1000}; fi
 DUR=${DUR:-10}
 BIN=${BIN:-target/release}
 OUT=${OUT:-target/profile}
@@ -62,6 +64,8 @@ if [[ -n "${PERF:-}" ]]; then
 fi
 if [[ $CASE == history ]]; then
   "$LOADGEN" run "http://$PROXY/v1" --rate "$RATE" --duration "$DUR" --history 200 --users 100 >"$OUT/load.json"
+elif [[ $CASE == history_new ]]; then
+  "$LOADGEN" run "http://$PROXY/v1" --rate "$RATE" --duration "$DUR" --history 200 >"$OUT/load.json"
 else
   oha --no-tui --output-format json -q "$RATE" -z "${DUR}s" -c 100 --latency-correction -m POST \
     -H 'content-type: application/json' -D "$OUT/small.json" "http://$PROXY/v1/chat/completions" \
@@ -76,7 +80,7 @@ python3 - "$OUT" "$CASE" "$S0" "$S1" <<'EOF'
 import json, re, sys
 out, case, s0, s1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 d = json.load(open(f"{out}/load.json"))
-if case == "history":
+if case.startswith("history"):
     n, lat = d["ok"] + d["errors"], d["ttlb_ms"]
     p50, p90, p99 = lat["p50"], lat["p90"], lat["p99"]
 else:

@@ -239,6 +239,31 @@ async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
     assert_eq!(err["code"], "context_length_exceeded");
     assert_eq!(err["param"], "input");
     assert!(mock.requests().is_empty());
+
+    // Refused, but nothing is lost: the message is stored (the store writes while the pipeline
+    // runs) and the session's lease is free again for the next request.
+    let big = json!({"role": "user", "content": "word ".repeat(200)});
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "too-big")
+        .json(&json!({"model": "tiny-1", "messages": [big]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let stored = proxy.stored_messages("default", "too-big").await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["content"], big["content"]);
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "too-big")
+        .header("x-ctxproxy-history", "server")
+        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "short"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(mock.requests().len(), 1);
 }
 
 #[tokio::test]

@@ -286,43 +286,81 @@ async fn prepare(
     if resolved.anchor.is_some() {
         call.clear_previous_response_id();
     }
-    let t = Instant::now();
-    let (lock, assembled) = session::turn::open(
-        &state.store,
-        session::turn::Target {
-            tenant: &tenant.name,
+    let target = session::turn::Target {
+        tenant: &tenant.name,
+        session: &resolved.id,
+        scope: &scope,
+        ttl: LEASE_TTL,
+        wait: Duration::from_secs(tenant.file.upstream.timeout_s),
+    };
+    let incoming = session::history::Incoming {
+        messages: incoming,
+        ids: (!auto_ids.is_empty()).then_some(auto_ids),
+        stored_prefix: resolved.stored_prefix,
+    };
+    let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
+    let (lock, reply_parent, rewritten) = if base.is_none() && tenant.policy.summary.is_none() {
+        // The conversation is the request's own and the rewrite reads nothing stored: the
+        // pure pipeline runs while the store writes the turn. Nothing is forwarded before both
+        // are done, so the order SPEC 4.2 gives still holds for everything anyone can see.
+        let (append, assembled) = session::history::client_turn(incoming);
+        let session::history::Assembled {
+            messages,
+            ids,
+            reply_parent,
+            only_incoming,
+        } = assembled;
+        let t = Instant::now();
+        let open = async {
+            let opened = session::turn::lock_and_append(&state.store, &target, Some(append)).await;
+            // May include time the task spent in the pipeline before it saw the answer.
+            crate::metrics::store_op("open_turn", t.elapsed());
+            opened
+        };
+        let conversation = rewrite::Conversation {
             session: &resolved.id,
-            scope: &scope,
-            ttl: LEASE_TTL,
-            wait: Duration::from_secs(tenant.file.upstream.timeout_s),
-        },
-        mode,
-        resolved.anchor.map(session::history::Base::At),
-        session::history::Incoming {
-            messages: incoming,
-            ids: (!auto_ids.is_empty()).then_some(auto_ids),
-            stored_prefix: resolved.stored_prefix,
-        },
-    )
-    .await?;
-    crate::metrics::store_op("open_turn", t.elapsed());
-
-    let rewritten = rewrite::rewrite(
-        state,
-        config,
-        tenant,
-        headers,
-        &allowed,
-        &mut call,
-        rewrite::Conversation {
+            messages,
+            typed: typed.filter(|_| only_incoming),
+            ids: &ids,
+        };
+        let rewrite = rewrite::rewrite(
+            state,
+            config,
+            tenant,
+            headers,
+            &allowed,
+            &mut call,
+            conversation,
+            rewrite::Purpose::Live,
+        );
+        // `biased`: the store's job is handed over first, then the pipeline runs beside it.
+        let (opened, rewritten) = tokio::join!(biased; open, rewrite);
+        // A store failure is reported before a rewrite error, as if they had run in turn.
+        (opened?, reply_parent, rewritten?)
+    } else {
+        let t = Instant::now();
+        let (lock, assembled) =
+            session::turn::open(&state.store, target, mode, base, incoming).await?;
+        crate::metrics::store_op("open_turn", t.elapsed());
+        let conversation = rewrite::Conversation {
             session: &resolved.id,
             messages: assembled.messages,
             typed: typed.filter(|_| assembled.only_incoming),
             ids: &assembled.ids,
-        },
-        rewrite::Purpose::Live,
-    )
-    .await?;
+        };
+        let rewritten = rewrite::rewrite(
+            state,
+            config,
+            tenant,
+            headers,
+            &allowed,
+            &mut call,
+            conversation,
+            rewrite::Purpose::Live,
+        )
+        .await?;
+        (lock, assembled.reply_parent, rewritten)
+    };
     let report = rewritten.report;
     let summary_job = rewritten.summary_job;
     let completion = Completion {
@@ -330,7 +368,7 @@ async fn prepare(
         tenant: tenant.name.clone(),
         session: resolved.id,
         lock: Some(lock),
-        reply_parent: assembled.reply_parent,
+        reply_parent,
         endpoint: log.endpoint,
         model: call.model().to_string(),
         request_id: log.request_id.clone(),

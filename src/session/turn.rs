@@ -51,7 +51,9 @@ pub async fn open(
     Ok((lock, assembled))
 }
 
-async fn lock_and_append(
+/// Takes the lease (creating the session if need be) and stores `append` under it, in one
+/// store call.
+pub async fn lock_and_append(
     store: &Arc<dyn Store>,
     target: &Target<'_>,
     append: Option<Append>,
