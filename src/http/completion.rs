@@ -40,7 +40,8 @@ pub struct Completion {
 }
 
 impl Completion {
-    /// Stores the reply (if any) and the request record, then releases the session.
+    /// Stores the reply (if any) and the request record, then releases the session; the caller
+    /// waits for it (a stream ends after it), so it is committed at once.
     pub async fn finish(
         self,
         status: StatusCode,
@@ -48,7 +49,7 @@ impl Completion {
         upstream: Option<Duration>,
     ) {
         let new = self.reply_messages(status, reply);
-        self.store(status, reply, new, upstream).await;
+        self.store(status, reply, new, upstream, true).await;
     }
 
     /// Like [`Completion::finish`], but on a task of its own so that the answer can go out
@@ -76,7 +77,8 @@ impl Completion {
         let tracker = self.state.background.clone();
         tracker.spawn(
             async move {
-                self.store(status, reply.as_ref(), new, upstream).await;
+                self.store(status, reply.as_ref(), new, upstream, false)
+                    .await;
                 drop(pending);
             }
             .in_current_span(),
@@ -100,6 +102,7 @@ impl Completion {
         reply: Option<&Reply>,
         new: Vec<NewMessage>,
         upstream: Option<Duration>,
+        awaited: bool,
     ) {
         if let (Some(reply), Some(allowed)) = (reply, &self.allowed) {
             flag_forbidden_calls(reply, allowed);
@@ -140,6 +143,7 @@ impl Completion {
             response_id,
             record,
             lease: self.lock.take().and_then(SessionLock::into_lease),
+            awaited,
         };
         let t = Instant::now();
         let closed = self.state.store.close_turn(close).await;

@@ -56,6 +56,9 @@ pub struct TurnClose {
     pub record: NewRequestRecord,
     /// Released last.
     pub lease: Option<Lease>,
+    /// Someone waits for this close (a stream ends only once its reply is stored; an error
+    /// answer goes out after it): a store that may hold writes back to group them must not.
+    pub awaited: bool,
 }
 
 /// The parts of a close that failed (they are logged and counted by the caller: the answer has
@@ -109,6 +112,7 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
         response_id,
         mut record,
         lease,
+        awaited: _,
     } = close;
     let mut failures = Vec::new();
     if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {

@@ -87,6 +87,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
             response_id: Some("resp_turn".into()),
             record: record("turn", last),
             lease: Some(opened.lease),
+            awaited: false,
         })
         .await;
     assert!(closed.failures.is_empty(), "{:?}", closed.failures);
@@ -195,6 +196,7 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
             response_id: None,
             record: record("partial", last),
             lease: Some(opened.lease),
+            awaited: true,
         })
         .await;
     assert_eq!(closed.failures.len(), 1, "{:?}", closed.failures);

@@ -55,12 +55,14 @@ impl SqliteStore {
             .lease
             .as_ref()
             .map(|l| (l.tenant.clone(), l.session.clone()));
-        // Nobody waits on a close but the next request of the session, whose own (urgent) open
-        // commits it at once: unless that request is already waiting for the lease, the close
-        // may share a commit with the writes that follow.
-        let awaited = released
-            .as_ref()
-            .is_some_and(|(tenant, session)| self.wakeups.awaited(tenant, session));
+        // A reply stored after its answer went out is waited on by nobody but the next request
+        // of the session, whose own (urgent) open commits it at once: unless the caller waits
+        // (a stream's end) or that request already waits for the lease, the close may share a
+        // commit with the writes that follow.
+        let awaited = close.awaited
+            || released
+                .as_ref()
+                .is_some_and(|(tenant, session)| self.wakeups.awaited(tenant, session));
         let job = move |conn: &Connection| Ok(close_in(conn, close));
         let closed = if awaited {
             self.threads.write(job).await
@@ -84,6 +86,7 @@ fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
         response_id,
         mut record,
         lease,
+        awaited: _,
     } = close;
     let mut failures = Vec::new();
     if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {
