@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use tracing::Instrument;
 
 use sha2::{Digest, Sha256};
@@ -299,68 +300,47 @@ async fn prepare(
         stored_prefix: resolved.stored_prefix,
     };
     let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
-    let (lock, reply_parent, rewritten) = if base.is_none() && tenant.policy.summary.is_none() {
+    let t = Instant::now();
+    let (opening, assembled) = if base.is_none() && tenant.policy.summary.is_none() {
         // The conversation is the request's own and the rewrite reads nothing stored: the
         // pure pipeline runs while the store writes the turn. Nothing is forwarded before both
         // are done, so the order SPEC 4.2 gives still holds for everything anyone can see.
         let (append, assembled) = session::history::client_turn(incoming);
-        let session::history::Assembled {
-            messages,
-            ids,
-            reply_parent,
-            only_incoming,
-        } = assembled;
-        let t = Instant::now();
-        let open = async {
+        let opening = async {
             let opened = session::turn::lock_and_append(&state.store, &target, Some(append)).await;
             // May include time the task spent in the pipeline before it saw the answer.
             crate::metrics::store_op("open_turn", t.elapsed());
             opened
         };
-        let conversation = rewrite::Conversation {
-            session: &resolved.id,
-            messages,
-            typed: typed.filter(|_| only_incoming),
-            ids: &ids,
-        };
-        let rewrite = rewrite::rewrite(
-            state,
-            config,
-            tenant,
-            headers,
-            &allowed,
-            &mut call,
-            conversation,
-            rewrite::Purpose::Live,
-        );
-        // `biased`: the store's job is handed over first, then the pipeline runs beside it.
-        let (opened, rewritten) = tokio::join!(biased; open, rewrite);
-        // A store failure is reported before a rewrite error, as if they had run in turn.
-        (opened?, reply_parent, rewritten?)
+        (Either::Left(opening), assembled)
     } else {
-        let t = Instant::now();
+        // The stored history is part of the conversation: read under the lease first.
         let (lock, assembled) =
-            session::turn::open(&state.store, target, mode, base, incoming).await?;
+            session::turn::open(&state.store, &target, mode, base, incoming).await?;
         crate::metrics::store_op("open_turn", t.elapsed());
-        let conversation = rewrite::Conversation {
+        (Either::Right(std::future::ready(Ok(lock))), assembled)
+    };
+    let rewrite = rewrite::rewrite(
+        state,
+        config,
+        tenant,
+        headers,
+        &allowed,
+        &mut call,
+        rewrite::Conversation {
             session: &resolved.id,
             messages: assembled.messages,
             typed: typed.filter(|_| assembled.only_incoming),
             ids: &assembled.ids,
-        };
-        let rewritten = rewrite::rewrite(
-            state,
-            config,
-            tenant,
-            headers,
-            &allowed,
-            &mut call,
-            conversation,
-            rewrite::Purpose::Live,
-        )
-        .await?;
-        (lock, assembled.reply_parent, rewritten)
-    };
+        },
+        rewrite::Purpose::Live,
+    );
+    // `biased`: a store job still to be handed over goes first, then the pipeline runs beside it.
+    let (opened, rewritten) = tokio::join!(biased; opening, rewrite);
+    // A store failure is reported before a rewrite error, as if they had run in turn.
+    let lock = opened?;
+    let rewritten = rewritten?;
+    let reply_parent = assembled.reply_parent;
     let report = rewritten.report;
     let summary_job = rewritten.summary_job;
     let completion = Completion {

@@ -26,17 +26,17 @@ pub struct Target<'a> {
 /// Opens the turn and returns the held lock with the conversation to rewrite.
 pub async fn open(
     store: &Arc<dyn Store>,
-    target: Target<'_>,
+    target: &Target<'_>,
     mode: HistoryMode,
     base: Option<Base>,
     incoming: Incoming,
 ) -> Result<(SessionLock, Assembled)> {
     let Some(base) = history::stored_base(mode, base) else {
         let (append, assembled) = history::client_turn(incoming);
-        let lock = lock_and_append(store, &target, Some(append)).await?;
+        let lock = lock_and_append(store, target, Some(append)).await?;
         return Ok((lock, assembled));
     };
-    let lock = lock_and_append(store, &target, None).await?;
+    let lock = lock_and_append(store, target, None).await?;
     // Dropping the lock on an error below releases the lease.
     let assembled = history::assemble(
         store.as_ref(),
