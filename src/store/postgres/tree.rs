@@ -279,13 +279,19 @@ pub(super) async fn find_by_prefix(
     scope: &Scope,
     ids: &[MessageId],
 ) -> Result<Option<PrefixMatch>> {
-    // One query whatever the length: the ids travel as one bytea[] parameter.
+    // One query whatever the length: the ids travel as one bytea[] parameter. The matching
+    // messages are found first, by id (`MATERIALIZED`), and only then joined to their sessions:
+    // with statistics that lag a growing table, the planner otherwise starts from every session
+    // of the tenant and probes each one's messages (measured: 250 ms for 26 k sessions and 200
+    // ids that match nothing, against 0.1 ms this way).
     let wanted: Vec<Vec<u8>> = ids.iter().map(|id| id.0.to_vec()).collect();
     let row = sqlx::query(
-        "SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
-         FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
-         WHERE m.tenant = $1 AND s.key_hash IS NOT DISTINCT FROM $2 \
-         AND s.user_id IS NOT DISTINCT FROM $3 AND m.reply_in_prefix AND m.id = ANY($4) \
+        "WITH m AS MATERIALIZED ( \
+           SELECT session_id, seq FROM messages \
+           WHERE tenant = $1 AND reply_in_prefix AND id = ANY($4)) \
+         SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
+         FROM m JOIN sessions s ON s.tenant = $1 AND s.id = m.session_id \
+         WHERE s.key_hash IS NOT DISTINCT FROM $2 AND s.user_id IS NOT DISTINCT FROM $3 \
          GROUP BY m.session_id, s.updated_at \
          ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1",
     )
