@@ -301,24 +301,38 @@ async fn prepare(
     };
     let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
     let t = Instant::now();
-    let (opening, assembled) = if base.is_none() && tenant.policy.summary.is_none() {
-        // The conversation is the request's own and the rewrite reads nothing stored: the
-        // pure pipeline runs while the store writes the turn. Nothing is forwarded before both
-        // are done, so the order SPEC 4.2 gives still holds for everything anyone can see.
-        let (append, assembled) = session::history::client_turn(incoming);
-        let opening = async {
-            let opened = session::turn::lock_and_append(&state.store, &target, Some(append)).await;
-            // May include time the task spent in the pipeline before it saw the answer.
-            crate::metrics::store_op("open_turn", t.elapsed());
-            opened
-        };
-        (Either::Left(opening), assembled)
-    } else {
+    let (opening, assembled) = match base {
+        // The conversation is the request's own: what to store is known before the store is
+        // touched, and taking the lease and storing it is one store call.
+        None => {
+            let (append, assembled) = session::history::client_turn(incoming);
+            let opening = async {
+                let opened =
+                    session::turn::lock_and_append(&state.store, &target, Some(append)).await;
+                // May include time the task spent in the pipeline before it saw the answer.
+                crate::metrics::store_op("open_turn", t.elapsed());
+                opened
+            };
+            if tenant.policy.summary.is_none() {
+                // The rewrite reads nothing stored: the pure pipeline runs while the store
+                // writes the turn. Nothing is forwarded before both are done, so the order SPEC
+                // 4.2 gives still holds for everything anyone can see.
+                (Either::Left(opening), assembled)
+            } else {
+                // A summary may be read, or made and stored, under the lease: open first.
+                (
+                    Either::Right(std::future::ready(Ok(opening.await?))),
+                    assembled,
+                )
+            }
+        }
         // The stored history is part of the conversation: read under the lease first.
-        let (lock, assembled) =
-            session::turn::open(&state.store, &target, mode, base, incoming).await?;
-        crate::metrics::store_op("open_turn", t.elapsed());
-        (Either::Right(std::future::ready(Ok(lock))), assembled)
+        Some(base) => {
+            let (lock, assembled) =
+                session::turn::open_on_stored(&state.store, &target, mode, base, incoming).await?;
+            crate::metrics::store_op("open_turn", t.elapsed());
+            (Either::Right(std::future::ready(Ok(lock))), assembled)
+        }
     };
     let rewrite = rewrite::rewrite(
         state,

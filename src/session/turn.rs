@@ -1,7 +1,8 @@
 //! Opening a managed request's turn: afterwards the session exists, its lease is held (and kept
 //! renewed), and the request's new messages are stored. In client mode what to store is known
-//! from the request alone, so the store does all of it in one call; server mode (and an
-//! anchored `previous_response_id`) must read the stored history under the lease first.
+//! from the request alone ([`history::client_turn`]), so the store does all of it in one call,
+//! [`lock_and_append`]; server mode (and an anchored `previous_response_id`) must read the
+//! stored history under the lease first, [`open_on_stored`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,19 +24,16 @@ pub struct Target<'a> {
     pub wait: Duration,
 }
 
-/// Opens the turn and returns the held lock with the conversation to rewrite.
-pub async fn open(
+/// Opens the turn of a request whose conversation includes stored history (`server` mode, or
+/// an anchored `previous_response_id`): the lease first, then the stored history is read under
+/// it and the request's new messages appended. Returns the held lock with the conversation.
+pub async fn open_on_stored(
     store: &Arc<dyn Store>,
     target: &Target<'_>,
     mode: HistoryMode,
-    base: Option<Base>,
+    base: Base,
     incoming: Incoming,
 ) -> Result<(SessionLock, Assembled)> {
-    let Some(base) = history::stored_base(mode, base) else {
-        let (append, assembled) = history::client_turn(incoming);
-        let lock = lock_and_append(store, target, Some(append)).await?;
-        return Ok((lock, assembled));
-    };
     let lock = lock_and_append(store, target, None).await?;
     // Dropping the lock on an error below releases the lease.
     let assembled = history::assemble(
