@@ -6,7 +6,8 @@
 #   benches/novel_history.sh            # 100 requests through the proxy
 #   DIRECT=1 benches/novel_history.sh   # the same straight to mock-upstream
 #
-# Knobs: N (100), SEED (1), BIN (target/release; no build when set), OUT (target/novel).
+# Knobs: N (100), SEED (1), BIN (target/release; no build when set), OUT (target/novel),
+# DB (the proxy's database URL; default a fresh SQLite file in OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-100}
@@ -19,7 +20,7 @@ cp config/tenants/default.yaml "$OUT/tenants/"
 sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
 "$BIN/mock-upstream" --listen 127.0.0.1:19400 --no-record >"$OUT/mock.log" 2>&1 &
 MOCK_PID=$!
-CTXPROXY_LISTEN=127.0.0.1:18480 CTXPROXY_DATABASE_URL="sqlite://$OUT/novel.db?mode=rwc" \
+CTXPROXY_LISTEN=127.0.0.1:18480 CTXPROXY_DATABASE_URL="${DB:-sqlite://$OUT/novel.db?mode=rwc}" \
   CTXPROXY_UPSTREAM_URL=http://127.0.0.1:19400/v1 "$BIN/ctxproxy" serve --config "$OUT/ctxproxy.yaml" \
   >"$OUT/proxy.log" 2>&1 &
 PID=$!
