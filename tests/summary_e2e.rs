@@ -233,6 +233,53 @@ async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
     assert_eq!(proxy.state.summaries.running(), 0);
 }
 
+#[tokio::test]
+async fn preview_with_a_session_uses_its_stored_summary_as_the_real_call_does() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    script(&mock, 200, "PREVIEW facts");
+    let mut history = vec![system()];
+    let mut n = 0;
+    while mock.requests().iter().all(|r| !is_summary_request(r)) {
+        n += 1;
+        assert!(n <= 40, "the trigger was never crossed");
+        history.push(user(n));
+        let (reply, _) = turn(&proxy, SESSION, &history).await;
+        history.push(reply);
+    }
+    settle(&proxy).await;
+    // The next turn's message is not stored yet: the preview must still find the summary.
+    history.push(user(n + 1));
+    let preview: Value = client()
+        .post(proxy.url("/ctxproxy/v1/preview/chat/completions"))
+        .bearer_auth("sk-client")
+        .header("x-session-id", SESSION)
+        .json(&json!({"model": "test-model", "messages": history}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(preview["report"]["summary"]["used"], true, "{preview}");
+    assert!(preview["report"]["summary"]["covers_until"].is_u64());
+    assert_eq!(
+        preview["messages"][1]["content"],
+        format!("{PREFIX}PREVIEW facts")
+    );
+    let sent_before = mock.requests().len();
+    turn(&proxy, SESSION, &history).await;
+    let real = mock.requests()[sent_before..]
+        .iter()
+        .rfind(|r| !is_summary_request(r))
+        .unwrap()
+        .body_json()
+        .unwrap();
+    assert_eq!(
+        preview["messages"], real["messages"],
+        "the dry run is the real call"
+    );
+}
+
 /// Sends one Responses turn (user message `n`, chained to `previous`); returns the response
 /// id and the session.
 async fn respond(proxy: &Proxy, previous: Option<&str>, n: usize) -> (String, String) {

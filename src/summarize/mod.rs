@@ -12,6 +12,7 @@ mod job;
 mod jobs;
 pub mod request;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -20,6 +21,7 @@ use crate::app::AppState;
 use crate::config::Tenant;
 use crate::context::{Report, StoredSummary, SummaryPlan, plan_summary};
 use crate::conversation::{Message, MessageId};
+use crate::store::Summary;
 use crate::tokens::ModelFacts;
 
 pub use job::Job;
@@ -62,11 +64,41 @@ impl Prepared {
     }
 }
 
-/// The summary stored for the branch ending at the conversation's last message, mapped onto the
+/// The summary stored for the branch this conversation continues, mapped onto the
 /// conversation, without planning a new one (what a dry run needs). `messages` and `ids` are
-/// the assembled conversation (ids parallel, stored ids where stored; the last one the branch's
-/// leaf). Never fails: a store error costs the request its summary, not its answer.
+/// the assembled conversation (ids parallel, stored ids where stored). A preview stores nothing,
+/// so its conversation may end in messages the store has never seen: the summary is the newest
+/// one anchored on any message of the conversation, which is the one the real call would use
+/// once it had stored them (ids are chained, so an anchor among the ids is on this branch).
+/// Never fails: a store error costs the request its summary, not its answer.
 pub async fn stored(
+    state: &AppState,
+    tenant: &Tenant,
+    session: &str,
+    messages: &[Message],
+    ids: &[MessageId],
+) -> Prepared {
+    if ids.len() != messages.len() || tenant.policy.summary.is_none() {
+        return Prepared::default();
+    }
+    let latest = match state.store.list_summaries(&tenant.name, session).await {
+        Ok(all) => {
+            let on_path: HashSet<&MessageId> = ids.iter().collect();
+            all.into_iter()
+                .filter(|s| on_path.contains(&s.anchor))
+                .max_by_key(|s| (s.covers_until, s.created_at, s.id))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not load the stored summaries; previewing without");
+            None
+        }
+    };
+    applied_to(latest, ids)
+}
+
+/// The summary stored for the branch ending at the conversation's last message, which the
+/// live path has stored before it gets here (the store walks up from it).
+async fn stored_at_leaf(
     state: &AppState,
     tenant: &Tenant,
     session: &str,
@@ -90,6 +122,11 @@ pub async fn stored(
             None
         }
     };
+    applied_to(latest, ids)
+}
+
+/// `latest` mapped onto the conversation whose ids are `ids`.
+fn applied_to(latest: Option<Summary>, ids: &[MessageId]) -> Prepared {
     // The summary covers up to its anchor; where that sits in this conversation is what the
     // pipeline needs. An anchor not in it (a stored instruction this request replaced) leaves
     // the summary unused rather than guessed.
@@ -121,7 +158,7 @@ pub async fn prepare(
     ids: &[MessageId],
     facts: ModelFacts,
 ) -> Prepared {
-    let mut prepared = stored(state, tenant, session, messages, ids).await;
+    let mut prepared = stored_at_leaf(state, tenant, session, messages, ids).await;
     let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
         return prepared;
     };
