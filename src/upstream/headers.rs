@@ -1,5 +1,6 @@
-//! Which headers cross the proxy. Hop-by-hop headers never do; the proxy's own `x-ctxproxy-*`
-//! headers stop here; `Authorization` is swapped for keyed tenants.
+//! Which headers cross the proxy. Hop-by-hop headers never do (the fixed list, and whatever a
+//! `Connection` header names, RFC 9110 7.6.1); the proxy's own `x-ctxproxy-*` headers stop here;
+//! `Authorization` is swapped for keyed tenants.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
@@ -19,6 +20,17 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
+/// The headers a message's `Connection` header names: hop-by-hop for this message only.
+fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect()
+}
+
 /// How the client's Authorization is treated upstream.
 #[derive(Debug, Clone)]
 pub enum UpstreamAuth {
@@ -33,8 +45,10 @@ pub enum UpstreamAuth {
 /// `Accept-Encoding` so the reply arrives in plain text for the store.
 pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(client.len());
+    let listed = connection_listed(client);
     for (name, value) in client {
         if is_hop_by_hop(name)
+            || listed.contains(name)
             || name == header::HOST
             || name.as_str().starts_with("x-ctxproxy-")
             || name == header::AUTHORIZATION
@@ -71,8 +85,9 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
 /// The upstream's response headers as relayed to the client (framing is hyper's business).
 pub fn to_client(upstream: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(upstream.len());
+    let listed = connection_listed(upstream);
     for (name, value) in upstream {
-        if is_hop_by_hop(name) || name == header::CONTENT_LENGTH {
+        if is_hop_by_hop(name) || listed.contains(name) || name == header::CONTENT_LENGTH {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -88,4 +103,39 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim())
         .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn headers_a_connection_header_names_do_not_cross_either_way() {
+        let msg = headers(&[
+            ("connection", "X-Drop-Me, keep-alive"),
+            ("connection", "x-also"),
+            ("x-drop-me", "1"),
+            ("x-also", "2"),
+            ("x-kept", "3"),
+        ]);
+        let up = to_upstream(&msg, &UpstreamAuth::Forward, false);
+        let down = to_client(&msg);
+        for out in [up, down] {
+            assert!(out.get("x-drop-me").is_none());
+            assert!(out.get("x-also").is_none());
+            assert!(out.get("connection").is_none());
+            assert_eq!(out["x-kept"], "3");
+        }
+    }
 }
