@@ -20,7 +20,7 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
     let started = Instant::now();
     let request_id = request_id::from_headers(request.headers());
     let path = request.uri().path().to_string();
-    let (tenant_name, result) = forward_inner(&state, request).await;
+    let (tenant_name, upstream_took, result) = forward_inner(&state, request).await;
     let mut response = match result {
         Ok(r) => r,
         Err(e) => e.into_response(),
@@ -30,7 +30,7 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
         "passthrough",
         response.status().as_u16(),
         started.elapsed(),
-        None,
+        upstream_took,
     );
     tracing::info!(
         tenant = tenant_name.as_deref().unwrap_or("-"),
@@ -48,12 +48,18 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
     response
 }
 
-async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, Result<Response>) {
+/// The tenant (once known), how long the upstream took to answer with its headers (once it was
+/// called: the overhead metric is the rest), and the answer.
+async fn forward_inner(
+    state: &AppState,
+    request: Request,
+) -> (Option<String>, Option<Duration>, Result<Response>) {
     let config = state.config.load_full();
     let selected = match tenant::select(&config, request.headers()) {
         Ok(s) => s,
-        Err(e) => return (None, Err(e)),
+        Err(e) => return (None, None, Err(e)),
     };
+    let mut upstream_took = None;
     let name = Some(selected.tenant.name.clone());
     let result = async {
         let limit = config.server.server.max_body_bytes;
@@ -87,7 +93,8 @@ async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, R
             .upstream
             .client(Duration::from_secs(up.connect_timeout_s))?;
         let timeout = Duration::from_secs(up.timeout_s);
-        let resp = upstream::send(
+        let upstream_started = Instant::now();
+        let sent = upstream::send(
             &client,
             Outgoing {
                 method: parts.method,
@@ -97,7 +104,9 @@ async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, R
                 header_timeout: timeout,
             },
         )
-        .await?;
+        .await;
+        upstream_took = Some(upstream_started.elapsed());
+        let resp = sent?;
         let status = resp.status();
         let resp_headers = headers::to_client(resp.headers());
         let mut response = Response::new(upstream::relay::passthrough(resp, timeout));
@@ -106,5 +115,5 @@ async fn forward_inner(state: &AppState, request: Request) -> (Option<String>, R
         Ok::<_, Error>(response)
     }
     .await;
-    (name, result)
+    (name, upstream_took, result)
 }
