@@ -38,7 +38,8 @@ pub(super) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<()> {
 #[derive(Debug, Deserialize)]
 pub struct ListQuery {
     tenant: Option<String>,
-    limit: Option<u32>,
+    /// Parsed by hand so that a bad value is a 400 naming `limit`.
+    limit: Option<String>,
     after: Option<String>,
 }
 
@@ -53,13 +54,22 @@ pub async fn list_sessions(
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    let limit = match q.limit.as_deref() {
+        None => 50,
+        Some(v) => v.parse::<u32>().map_err(|_| {
+            Error::invalid(
+                format!("limit must be a non-negative integer, not '{v}'"),
+                Some("limit".to_string()),
+            )
+        })?,
+    };
     // The admin API shows what the answers already sent imply (see `session::pending`).
     state.pending.settle_all().await;
     let page = state
         .store
         .list_sessions(&SessionQuery {
             tenant: q.tenant,
-            limit: q.limit.unwrap_or(50),
+            limit,
             after: q.after,
         })
         .await?;

@@ -148,6 +148,15 @@ async fn session_list_after_an_unknown_or_ambiguous_session_id_is_a_400(b: Backe
         .admin_get("/ctxproxy/v1/sessions?after=no-such-session")
         .await;
     bad_after(status, &body);
+
+    // A limit that is not a count names `limit`.
+    for limit in ["-1", "lots"] {
+        let (status, body) = proxy
+            .admin_get(&format!("/ctxproxy/v1/sessions?limit={limit}"))
+            .await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(assert_openai_error(&body)["param"], "limit", "{body}");
+    }
     // A unique id needs no tenant: after open-only (newest) come the three others.
     let (status, page) = proxy
         .admin_get("/ctxproxy/v1/sessions?after=open-only")
