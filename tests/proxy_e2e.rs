@@ -246,6 +246,18 @@ async fn malformed_bodies_get_openai_shaped_400s() {
             r#"{"model": "m", "messages": [{"role": "user", "content": "hi", "name": 5}]}"#,
             json!("messages[0].name"),
         ),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": 5}]}"#,
+            json!("messages[0].content"),
+        ),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tool_choice": 5}"#,
+            json!("tool_choice"),
+        ),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"session_id": 5}}"#,
+            json!("metadata.session_id"),
+        ),
     ] {
         let resp = http
             .post(format!("{}/chat/completions", proxy.base_url()))
@@ -269,6 +281,27 @@ async fn malformed_bodies_get_openai_shaped_400s() {
     assert_eq!(resp.status(), 400);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["param"], "input");
+    for (body, param) in [
+        (
+            json!({"model": "m", "input": "x", "instructions": 5}),
+            "instructions",
+        ),
+        (json!({"model": "m", "input": [5]}), "input[0]"),
+        (
+            json!({"model": "m", "input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+            "input[0].call_id",
+        ),
+    ] {
+        let resp = http
+            .post(format!("{}/responses", proxy.base_url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{body}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(assert_openai_error(&v)["param"], param, "{body}");
+    }
     assert!(mock.requests().is_empty());
 }
 

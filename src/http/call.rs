@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use super::body::parse_json;
 use super::managed::Endpoint;
+use super::shape;
 use crate::conversation::{ChatRequest, Message, ResponsesRequest};
 use crate::error::{Error, Result};
 
@@ -27,15 +28,14 @@ impl Call {
     /// Parses the body for `endpoint`; errors name the field at fault.
     pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<Call> {
         Ok(match endpoint {
-            Endpoint::Chat => Call::Chat(parse_json(bytes)?),
+            Endpoint::Chat => {
+                let req: ChatRequest = parse_json(bytes)?;
+                shape::check_chat(&req)?;
+                Call::Chat(req)
+            }
             Endpoint::Responses => {
                 let req: ResponsesRequest = parse_json(bytes)?;
-                if !(req.input.is_string() || req.input.is_array()) {
-                    return Err(Error::invalid(
-                        "'input' must be a string or an array of items",
-                        Some("input".to_string()),
-                    ));
-                }
+                shape::check_responses(&req)?;
                 Call::Responses(req)
             }
         })
