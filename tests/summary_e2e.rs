@@ -209,19 +209,26 @@ async fn sixty_turns_roll_summaries_forward_and_stay_in_budget() {
     );
 }
 
-#[tokio::test]
-async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
-    let (proxy, mock) = proxy_and_mock(opts(true)).await;
-    script(&mock, 200, "BLOCKING facts");
+/// Sends chat turns (user messages 1, 2, ...) until the proxy has asked for a summary; returns
+/// the conversation so far (replies included) and the number of the last user message.
+async fn turns_until_summarised(proxy: &Proxy, mock: &MockHandle) -> (Vec<Value>, usize) {
     let mut history = vec![system()];
     let mut n = 0;
     while mock.requests().iter().all(|r| !is_summary_request(r)) {
         n += 1;
         assert!(n <= 40, "the trigger was never crossed");
         history.push(user(n));
-        let (reply, _) = turn(&proxy, SESSION, &history).await;
+        let (reply, _) = turn(proxy, SESSION, &history).await;
         history.push(reply);
     }
+    (history, n)
+}
+
+#[tokio::test]
+async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    script(&mock, 200, "BLOCKING facts");
+    turns_until_summarised(&proxy, &mock).await;
     let seen = mock.requests();
     let last = seen.last().unwrap();
     assert!(
@@ -237,15 +244,7 @@ async fn blocking_summary_is_applied_to_the_request_that_crosses_the_trigger() {
 async fn preview_with_a_session_uses_its_stored_summary_as_the_real_call_does() {
     let (proxy, mock) = proxy_and_mock(opts(true)).await;
     script(&mock, 200, "PREVIEW facts");
-    let mut history = vec![system()];
-    let mut n = 0;
-    while mock.requests().iter().all(|r| !is_summary_request(r)) {
-        n += 1;
-        assert!(n <= 40, "the trigger was never crossed");
-        history.push(user(n));
-        let (reply, _) = turn(&proxy, SESSION, &history).await;
-        history.push(reply);
-    }
+    let (mut history, n) = turns_until_summarised(&proxy, &mock).await;
     settle(&proxy).await;
     // The next turn's message is not stored yet: the preview must still find the summary.
     history.push(user(n + 1));
