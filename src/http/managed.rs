@@ -305,7 +305,9 @@ async fn prepare(
         // The conversation is the request's own: what to store is known before the store is
         // touched, and taking the lease and storing it is one store call.
         None => {
-            let (append, assembled) = session::history::client_turn(incoming);
+            // A chat request is rewritten from its typed messages: its wire JSON can go to
+            // the store instead of a copy of it.
+            let (append, assembled) = session::history::client_turn(incoming, typed.is_none());
             let opening = async {
                 let opened =
                     session::turn::lock_and_append(&state.store, &target, Some(append)).await;

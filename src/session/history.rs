@@ -71,7 +71,7 @@ pub async fn assemble(
         if !write {
             return Ok(client_conversation(incoming));
         }
-        let (append, assembled) = client_turn(incoming);
+        let (append, assembled) = client_turn(incoming, true);
         store
             .append_messages(tenant, session, append.parent, &append.messages)
             .await?;
@@ -94,7 +94,12 @@ pub async fn assemble(
     };
     if write {
         store
-            .append_messages(tenant, session, parent, &chain_messages(new, &new_ids))
+            .append_messages(
+                tenant,
+                session,
+                parent,
+                &chain_messages(new.to_vec(), &new_ids),
+            )
             .await?;
     }
 
@@ -129,15 +134,23 @@ pub async fn assemble(
 /// Client mode with no stored history to add: the request is the conversation, and what to
 /// store is everything after the part known to be stored. The last message always goes, even
 /// when stored: appending an existing leaf is what moves the head back to a branch the client
-/// returned to.
-pub fn client_turn(incoming: Incoming) -> (Append, Assembled) {
+/// returned to. Without `keep_wire` the bodies move into the store's job and the assembled
+/// conversation keeps only the ids (a chat request rewrites its typed messages, so its wire
+/// JSON is not needed again; a named session's whole history, resent every turn, would
+/// otherwise be copied just to be found stored already).
+pub fn client_turn(incoming: Incoming, keep_wire: bool) -> (Append, Assembled) {
     let stored_prefix = incoming.stored_prefix;
-    let assembled = client_conversation(incoming);
+    let mut assembled = client_conversation(incoming);
     let ids = &assembled.ids;
     let skip = stored_prefix.min(ids.len().saturating_sub(1));
+    let bodies = if keep_wire {
+        assembled.messages[skip..].to_vec()
+    } else {
+        std::mem::take(&mut assembled.messages).split_off(skip)
+    };
     let append = Append {
         parent: skip.checked_sub(1).map(|i| ids[i]),
-        messages: chain_messages(&assembled.messages[skip..], &ids[skip..]),
+        messages: chain_messages(bodies, &ids[skip..]),
     };
     (append, assembled)
 }
@@ -157,13 +170,13 @@ fn client_conversation(incoming: Incoming) -> Assembled {
     }
 }
 
-fn chain_messages(bodies: &[Value], ids: &[MessageId]) -> Vec<NewMessage> {
+fn chain_messages(bodies: Vec<Value>, ids: &[MessageId]) -> Vec<NewMessage> {
     bodies
-        .iter()
+        .into_iter()
         .zip(ids)
         .map(|(body, id)| NewMessage {
             id: *id,
-            body: body.clone(),
+            body,
             origin: Origin::Client,
         })
         .collect()
