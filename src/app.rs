@@ -104,9 +104,12 @@ impl AppState {
                 crate::metrics::config_reload(true);
                 true
             }
-            Err(problems) => {
-                for p in &problems {
+            Err(failed) => {
+                for p in &failed.problems {
                     tracing::error!(problem = %p, "configuration reload failed; keeping the last good configuration");
+                }
+                for w in &failed.warnings {
+                    tracing::warn!(problem = %w, "configuration warning");
                 }
                 crate::metrics::config_reload(false);
                 false
@@ -142,13 +145,19 @@ pub fn load_config(path: &Path) -> Result<Config> {
             }
             Ok(loaded.config)
         }
-        Err(problems) => Err(Error::Config(
-            problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n"),
-        )),
+        Err(failed) => {
+            for w in &failed.warnings {
+                tracing::warn!(problem = %w, "configuration warning");
+            }
+            Err(Error::Config(
+                failed
+                    .problems
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ))
+        }
     }
 }
 

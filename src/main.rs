@@ -114,11 +114,14 @@ fn check_config(path: PathBuf) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(problems) => {
-            for p in &problems {
+        Err(failed) => {
+            for p in &failed.problems {
                 let _ = writeln!(out, "{p}");
             }
-            let n = problems.len();
+            for w in &failed.warnings {
+                let _ = writeln!(out, "warning: {w}");
+            }
+            let n = failed.problems.len();
             let _ = writeln!(out, "{n} problem{} found", plural(n));
             ExitCode::FAILURE
         }

@@ -246,3 +246,158 @@ fn an_empty_keys_list_is_a_warning() {
         "{out}"
     );
 }
+
+/// Runs check-config in `tests/fixtures/check_config/<name>` on its `ctxproxy.yaml`; the
+/// fixtures name their tenants_dir relative to that folder (or rely on the default one).
+fn check_fixture(name: &str) -> (i32, String) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/check_config")
+        .join(name);
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .current_dir(&dir)
+        .args(["check-config", "--config", "ctxproxy.yaml"])
+        .env_remove("CTXPROXY_UPSTREAM_URL")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn has_line(out: &str, line: &str) -> bool {
+    out.lines().any(|l| l == line)
+}
+
+fn has_line_starting(out: &str, start: &str) -> bool {
+    out.lines().any(|l| l.starts_with(start))
+}
+
+/// The problem lines (not warnings, not the summary).
+fn problem_lines(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter(|l| !l.starts_with("warning: ") && !l.ends_with(" found"))
+        .collect()
+}
+
+#[test]
+fn every_problem_in_one_server_file_is_reported_in_one_run() {
+    let (code, out) = check_fixture("many_problems");
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "ctxproxy.yaml: server.max_body_bytes: expected an integer",
+        "ctxproxy.yaml: defaults.repair.unanswered_calls: unknown variant `maybe`, expected one of drop, placeholder",
+        "ctxproxy.yaml: models.x*.context_window: expected an integer",
+    ] {
+        assert!(has_line(&out, line), "{line}\n{out}");
+    }
+    assert!(
+        has_line_starting(
+            &out,
+            "ctxproxy.yaml: server.shutdwn_grace_s: unknown field `shutdwn_grace_s`"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn problems_in_different_sections_of_one_tenant_file_are_all_reported() {
+    let (code, out) = check_fixture("many_problems");
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "tenants/acme.yaml: policy.token_budget.max_tokens: expected an integer",
+        "tenants/acme.yaml: policy.tool_call_window.unit: unknown variant `week`, expected one of call, turn",
+    ] {
+        assert!(has_line(&out, line), "{line}\n{out}");
+    }
+    assert!(
+        has_line_starting(
+            &out,
+            "tenants/acme.yaml: session.histroy: unknown field `histroy`"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("fine.yaml"), "{out}");
+}
+
+/// Serde reports one error per pass; a list entry cut for the next pass must not shift the
+/// indexes of the entries after it, and a required field cut for its wrong type is one problem,
+/// not also "missing".
+#[test]
+fn list_entries_keep_their_indexes_and_a_bad_required_field_is_one_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys:\n  - not-a-mapping\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    rol: x\npolicy:\n  tool_call_window:\n    max: lots\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        has_line_starting(&out, "tenants/acme.yaml: keys[0]: "),
+        "{out}"
+    );
+    assert!(
+        has_line_starting(&out, "tenants/acme.yaml: keys[1].rol: unknown field `rol`"),
+        "{out}"
+    );
+    assert!(
+        has_line(
+            &out,
+            "tenants/acme.yaml: policy.tool_call_window.max: expected an integer"
+        ),
+        "{out}"
+    );
+    assert_eq!(problem_lines(&out).len(), 3, "{out}");
+    assert!(!out.contains("missing field"), "{out}");
+}
+
+#[test]
+fn a_broken_server_file_does_not_stop_the_tenant_files_being_checked() {
+    let (code, out) = check_fixture("many_problems");
+    assert_eq!(code, 1, "{out}");
+    assert!(has_line_starting(&out, "ctxproxy.yaml: "), "{out}");
+    assert!(has_line_starting(&out, "tenants/acme.yaml: "), "{out}");
+}
+
+/// A server file that is not YAML at all is one problem; the tenants are then read from the
+/// default tenants_dir.
+#[test]
+fn an_unparsable_server_file_and_a_broken_tenant_are_both_reported() {
+    let (code, out) = check_fixture("unparsable_server");
+    assert_eq!(code, 1, "{out}");
+    let lines = problem_lines(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].starts_with("ctxproxy.yaml: ") && lines[0].contains("unclosed bracket"),
+        "{out}"
+    );
+    assert_eq!(
+        lines[1], "tenants/acme.yaml: upstream.timeout_s: expected an integer",
+        "{out}"
+    );
+    assert!(has_line(&out, "2 problems found"), "{out}");
+}
+
+#[test]
+fn warnings_are_printed_alongside_errors() {
+    let (code, out) = check_fixture("many_problems");
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        has_line_starting(
+            &out,
+            "warning: tenants/acme.yaml: tools.default_role: `veiwer` is not one of tools.roles"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_summary_counts_every_problem_and_no_warning() {
+    let (code, out) = check_fixture("many_problems");
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(problem_lines(&out).len(), 7, "{out}");
+    assert_eq!(out.lines().last(), Some("7 problems found"), "{out}");
+}

@@ -112,29 +112,27 @@ pub struct Loaded {
     pub warnings: Vec<Problem>,
 }
 
+/// A failed load: every problem found in every file, and the warnings found beside them.
+#[derive(Debug)]
+pub struct LoadError {
+    pub problems: Vec<Problem>,
+    pub warnings: Vec<Problem>,
+}
+
 impl Config {
-    /// Loads the server file at `path` and every tenant file; every problem is reported.
-    pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
+    /// Loads the server file at `path` and every tenant file; every problem is reported. A
+    /// server file with problems does not stop the tenant files being checked: they are read
+    /// from its `tenants_dir` if that much of it could be read, else from the default one.
+    pub fn load(path: &Path) -> Result<Loaded, LoadError> {
         let mut problems = Vec::new();
         let mut warnings = Vec::new();
         let file_label = path.display().to_string();
-        let mut server: ServerFile = match std::fs::read_to_string(path) {
-            Ok(text) => match yaml::parse(&text) {
-                Ok(s) => s,
-                Err(message) => {
-                    return Err(vec![Problem {
-                        file: file_label,
-                        message,
-                    }]);
-                }
-            },
-            Err(e) => {
-                return Err(vec![Problem {
-                    file: file_label,
-                    message: format!("cannot read: {e}"),
-                }]);
-            }
-        };
+        let mut server: ServerFile =
+            read_yaml(path, &file_label, &mut problems).unwrap_or_default();
+        // A server file with problems may have meant another tenants directory than the
+        // default; then a default one that is not there is no problem of its own.
+        let guessed_dir =
+            !problems.is_empty() && server.tenants_dir == ServerFile::default().tenants_dir;
         apply_env_overrides(&mut server);
         for (pattern, _) in &server.models.0 {
             if let Err(e) = globset::Glob::new(pattern) {
@@ -156,6 +154,7 @@ impl Config {
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
                 .collect::<Vec<_>>(),
+            Err(_) if guessed_dir => Vec::new(),
             Err(e) => {
                 problems.push(Problem {
                     file: tenants_dir.display().to_string(),
@@ -179,21 +178,14 @@ impl Config {
                 "{dir_label}/{}",
                 file.file_name().unwrap_or_default().to_string_lossy()
             );
-            let parsed = std::fs::read_to_string(&file)
-                .map_err(|e| format!("cannot read: {e}"))
-                .and_then(|text| yaml::parse::<TenantFile>(&text));
-            match parsed {
-                Ok(tf) => {
-                    let (tenant, mut found, mut warns) =
-                        build_tenant(name, tf, &server, upstream_override.as_deref(), &label);
-                    problems.append(&mut found);
-                    warnings.append(&mut warns);
-                    tenants.push((label, Arc::new(tenant)));
-                }
-                Err(message) => problems.push(Problem {
-                    file: label,
-                    message,
-                }),
+            // A file with problems still goes on to the checks below with what of it could be
+            // read, so its other problems and warnings are reported in the same run.
+            if let Some(tf) = read_yaml::<TenantFile>(&file, &label, &mut problems) {
+                let (tenant, mut found, mut warns) =
+                    build_tenant(name, tf, &server, upstream_override.as_deref(), &label);
+                problems.append(&mut found);
+                warnings.append(&mut warns);
+                tenants.push((label, Arc::new(tenant)));
             }
         }
 
@@ -241,7 +233,7 @@ impl Config {
         }
 
         if !problems.is_empty() {
-            return Err(problems);
+            return Err(LoadError { problems, warnings });
         }
         let admin_token = std::env::var(&server.admin.token_env)
             .ok()
@@ -280,6 +272,31 @@ impl Config {
     /// A tenant by name (admin routes).
     pub fn tenant(&self, name: &str) -> Option<&Arc<Tenant>> {
         self.tenants.iter().find(|t| t.name == name)
+    }
+}
+
+/// Reads one YAML file, adding each of its problems to `problems` under `label`. The value is
+/// what could be read (bad entries at their defaults) even when there were problems; `None`
+/// when the file could not be read or parsed at all.
+fn read_yaml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
+    let problem = |message: String| Problem {
+        file: label.to_string(),
+        message,
+    };
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            let (value, found) = yaml::parse_all(&text);
+            problems.extend(found.into_iter().map(problem));
+            value
+        }
+        Err(e) => {
+            problems.push(problem(format!("cannot read: {e}")));
+            None
+        }
     }
 }
 

@@ -8,8 +8,9 @@ use serde::Deserialize;
 use crate::context::Policy;
 use crate::tokens::ModelOverrides;
 
-/// The whole server file. Every section has defaults so an empty file is valid.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// The whole server file. Every section has defaults so an empty file is valid, and `default()`
+/// is what an empty file reads as.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
     #[serde(default)]
@@ -27,6 +28,19 @@ pub struct ServerFile {
     /// built-in table.
     #[serde(default)]
     pub models: ModelOverrides,
+}
+
+impl Default for ServerFile {
+    fn default() -> Self {
+        ServerFile {
+            server: ServerSection::default(),
+            database: DatabaseSection::default(),
+            admin: AdminSection::default(),
+            tenants_dir: default_tenants_dir(),
+            defaults: Policy::default(),
+            models: ModelOverrides::default(),
+        }
+    }
 }
 
 /// `server:` — the HTTP side.

@@ -1,42 +1,169 @@
 //! YAML loading with errors that name the key path (`policy.token_budget.max_tokens`), which
 //! serde-saphyr alone reports only as line and column. Type errors are reworded for people
 //! editing YAML (`expected an integer` rather than serde-saphyr's `invalid u64`): SPEC section 1
-//! quotes that wording for check-config.
+//! quotes that wording for check-config. Every problem in a file is reported, not only the first
+//! one serde stops at (`parse_all`).
+
+mod tree;
 
 use serde::de::DeserializeOwned;
+use serde_path_to_error::Segment;
 use serde_saphyr::Error as YamlError;
 
-/// Parses `text` into `T`; the error names the key path and the YAML position.
-pub fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    let mut path_err: Option<String> = None;
+use tree::{Cuts, Kind, Node, Seg};
+
+/// More passes than any hand-written file has problems; a bound so a surprise cannot loop.
+const MAX_PASSES: usize = 1000;
+
+/// Parses `text` into `T` and reports every problem found, each naming its key path, not only
+/// the first one serde stops at.
+///
+/// The first pass reads the text itself, so a valid file loads exactly as it always did. When it
+/// fails, the text is read as a plain YAML tree; the entry the error points at (the misspelt key,
+/// the wrongly typed value, or the entry lacking a required field) is cut from the tree and the
+/// rest is read again, until it loads or nothing more can be cut. A file that is not YAML at all
+/// has one problem, its syntax error. The value returned is the one read with the bad entries
+/// cut out (defaults in their place), for the checks that follow reading; `None` when even that
+/// failed, or when a list entry had to be cut (the value's indexes would not be the file's).
+pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
+    let mut failure = match attempt::<T>(text) {
+        Ok(value) => return (Some(value), Vec::new()),
+        Err(f) => f,
+    };
+    let mut problems = vec![failure.render(&failure.path)];
+    let mut tree = match serde_saphyr::from_str::<Node>(text) {
+        Ok(tree) => tree,
+        Err(e) => {
+            // Not YAML after all. Either the first problem was this syntax error, then it is
+            // told with its position rather than a path that stops mid-key (`server.?`), or
+            // the first problem came before it, then the syntax error is a second one.
+            let syntax = first_line(&e.to_string());
+            if failure.path.is_empty() || strip_position(&syntax) == failure.detail {
+                problems[0] = syntax;
+            } else {
+                problems.push(syntax);
+            }
+            return (None, problems);
+        }
+    };
+    let mut cuts = Cuts::default();
+    for _ in 0..MAX_PASSES {
+        if !cuts.cut(&mut tree, &failure.path, &failure.kind) {
+            break;
+        }
+        let Ok(text) = serde_saphyr::to_string(&tree) else {
+            break;
+        };
+        match attempt::<T>(&text) {
+            // With a list entry cut, later entries moved up: checks on the value would name
+            // them by the wrong index, so the value is only given when none was.
+            Ok(value) => return ((!cuts.shifted_indexes()).then_some(value), problems),
+            Err(next) => {
+                // A problem without a path would carry a position in the rewritten text, not in
+                // the file; the file has a problem already, so stop rather than mislead.
+                if next.path.is_empty() {
+                    break;
+                }
+                if !cuts.caused(&next.path, &next.kind) {
+                    problems.push(next.render(&cuts.original(&next.path)));
+                }
+                failure = next;
+            }
+        }
+    }
+    (None, problems)
+}
+
+/// One pass's error: where it is, what kind it is, and its message without the path.
+struct Failure {
+    path: Vec<Seg>,
+    kind: Kind,
+    detail: String,
+}
+
+impl Failure {
+    fn render(&self, path: &[Seg]) -> String {
+        if path.is_empty() {
+            self.detail.clone()
+        } else {
+            format!("{}: {}", display(path), self.detail)
+        }
+    }
+}
+
+/// The path as serde_path_to_error prints it: `policy.token_budget.max_tokens`, `keys[0].role`.
+fn display(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for (i, seg) in path.iter().enumerate() {
+        match seg {
+            Seg::Index(index) => out.push_str(&format!("[{index}]")),
+            Seg::Key(s) | Seg::Opaque(s) => {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(s);
+            }
+        }
+    }
+    out
+}
+
+fn attempt<T: DeserializeOwned>(text: &str) -> Result<T, Failure> {
+    let mut failure: Option<Failure> = None;
     let result = serde_saphyr::with_deserializer_from_str(text, |de| {
         serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
-            let path = e.path().to_string();
+            let path: Vec<Seg> = e
+                .path()
+                .iter()
+                .map(|seg| match seg {
+                    Segment::Seq { index } => Seg::Index(*index),
+                    Segment::Map { key } => Seg::Key(key.clone()),
+                    other => Seg::Opaque(other.to_string()),
+                })
+                .collect();
             let inner = e.into_inner();
-            path_err = Some(if path == "." || path.is_empty() {
+            let detail = if path.is_empty() {
                 first_line(&inner.to_string())
             } else {
-                let message = plain_message(&inner)
-                    .unwrap_or_else(|| strip_position(&first_line(&inner.to_string())));
-                format!("{path}: {message}")
+                plain_message(&inner)
+                    .unwrap_or_else(|| strip_position(&first_line(&inner.to_string())))
+            };
+            failure = Some(Failure {
+                path,
+                kind: kind(&inner),
+                detail,
             });
             inner
         })
     });
-    match result {
-        Ok(v) => Ok(v),
-        Err(e) => Err(path_err.unwrap_or_else(|| first_line(&e.to_string()))),
+    result.map_err(|e| {
+        failure.unwrap_or_else(|| Failure {
+            path: Vec::new(),
+            kind: Kind::Other,
+            detail: first_line(&e.to_string()),
+        })
+    })
+}
+
+fn kind(err: &YamlError) -> Kind {
+    match innermost(err) {
+        YamlError::SerdeUnknownField { field, .. } => Kind::UnknownField(field.clone()),
+        YamlError::SerdeMissingField { field, .. } => Kind::MissingField(field.to_string()),
+        _ => Kind::Other,
     }
+}
+
+fn innermost(mut err: &YamlError) -> &YamlError {
+    while let YamlError::WithSnippet { error, .. } | YamlError::AliasError { error, .. } = err {
+        err = error;
+    }
+    err
 }
 
 /// The wording for type errors, by what the field expected. serde-saphyr names Rust types
 /// (`u64`, `floating point`); a config author thinks in integers, numbers and booleans.
 fn plain_message(err: &YamlError) -> Option<String> {
-    let mut err = err;
-    while let YamlError::WithSnippet { error, .. } | YamlError::AliasError { error, .. } = err {
-        err = error;
-    }
-    let expected = match err {
+    let expected = match innermost(err) {
         YamlError::InvalidScalar { ty, .. } => match *ty {
             "u8" | "u16" | "u32" | "u64" | "u128" | "usize" | "i8" | "i16" | "i32" | "i64"
             | "i128" | "isize" => "an integer",
@@ -101,18 +228,121 @@ mod tests {
         budget: Inner,
     }
 
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Limits {
+        #[serde(default)]
+        size: u64,
+        #[serde(default)]
+        grace: u64,
+    }
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        #[allow(dead_code)]
+        name: String,
+        #[serde(default)]
+        #[allow(dead_code)]
+        weight: u64,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Doc {
+        #[serde(default)]
+        limits: Limits,
+        #[serde(default)]
+        #[allow(dead_code)]
+        window: Option<Inner>,
+        #[serde(default)]
+        entries: Vec<Entry>,
+    }
+
+    fn first<T: DeserializeOwned + std::fmt::Debug>(text: &str) -> String {
+        let (value, problems) = parse_all::<T>(text);
+        assert!(!problems.is_empty(), "{value:?}");
+        problems[0].clone()
+    }
+
     #[test]
     fn wrong_type_names_the_key_path() {
-        let err = parse::<Outer>("budget:\n  max_tokens: abc\n").unwrap_err();
+        let err = first::<Outer>("budget:\n  max_tokens: abc\n");
         assert_eq!(err, "budget.max_tokens: expected an integer");
-        let err = parse::<Outer>("budget:\n  max_tokens: -3\n").unwrap_err();
+        let err = first::<Outer>("budget:\n  max_tokens: -3\n");
         assert_eq!(err, "budget.max_tokens: expected an integer");
     }
 
     #[test]
     fn unknown_key_names_the_key_path() {
-        let err = parse::<Outer>("budget:\n  max_tokenz: 3\n").unwrap_err();
+        let err = first::<Outer>("budget:\n  max_tokenz: 3\n");
         assert!(err.contains("budget"), "{err}");
         assert!(err.contains("max_tokenz"), "{err}");
+    }
+
+    #[test]
+    fn a_valid_file_has_no_problems() {
+        let (value, problems) = parse_all::<Doc>("limits: { size: 3 }\nentries: [{ name: a }]\n");
+        assert!(problems.is_empty(), "{problems:?}");
+        let doc = value.unwrap();
+        assert_eq!((doc.limits.size, doc.entries.len()), (3, 1));
+    }
+
+    #[test]
+    fn every_problem_in_one_mapping_is_reported() {
+        let (value, problems) =
+            parse_all::<Doc>("limits:\n  size: lots\n  graec: 3\n  grace: soon\n");
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems[0], "limits.size: expected an integer");
+        assert!(problems[1].starts_with("limits"), "{problems:?}");
+        assert!(
+            problems[1].contains("unknown field `graec`"),
+            "{problems:?}"
+        );
+        assert_eq!(problems[2], "limits.grace: expected an integer");
+        // What could be read is returned, the bad entries left at their defaults.
+        let doc = value.unwrap();
+        assert_eq!((doc.limits.size, doc.limits.grace), (0, 0));
+    }
+
+    /// A wrongly typed required field is one problem, not also "missing field" after it is cut.
+    #[test]
+    fn a_cut_required_field_is_not_reported_again_as_missing() {
+        let (_, problems) = parse_all::<Doc>("window: { max_tokens: lots }\nlimits: { size: x }\n");
+        assert_eq!(
+            problems,
+            [
+                "window.max_tokens: expected an integer",
+                "limits.size: expected an integer"
+            ]
+        );
+    }
+
+    #[test]
+    fn list_indexes_stay_those_of_the_file_after_an_entry_is_cut() {
+        let (_, problems) = parse_all::<Doc>(
+            "entries:\n  - weight: 1\n  - name: b\n    weight: x\n  - name: c\n    wieght: 2\n",
+        );
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].starts_with("entries[0]: "), "{problems:?}");
+        assert!(problems[0].contains("missing field `name`"), "{problems:?}");
+        assert_eq!(problems[1], "entries[1].weight: expected an integer");
+        assert!(problems[2].starts_with("entries[2]"), "{problems:?}");
+        assert!(problems[2].contains("wieght"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_syntax_error_is_one_problem_with_its_position() {
+        let (value, problems) = parse_all::<Doc>("limits: {size: 1\n");
+        assert!(value.is_none());
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("line "), "{problems:?}");
+    }
+
+    #[test]
+    fn a_syntax_error_after_another_problem_is_a_second_one() {
+        let (value, problems) = parse_all::<Doc>("limits: [1]\nentries: {\n");
+        assert!(value.is_none());
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems[0], "limits: expected a mapping");
+        assert!(problems[1].contains("line 2"), "{problems:?}");
     }
 }
