@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// The request field the pipeline and the access checks name for the conversation; the
+/// Responses route renames it with [`Error::with_conversation_param`].
+pub const CONVERSATION_PARAM: &str = "messages";
+
 /// Everything that can go wrong while serving a request or loading configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -65,11 +69,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// For [`Error::ContextLengthExceeded`], names `param` as the field holding the
-    /// conversation; any other error is returned as it is.
+    /// For an error about the conversation (a [`Error::ContextLengthExceeded`], or a
+    /// [`Error::ToolNotAllowed`] for a call in it), names `field` as the request field holding
+    /// the conversation instead of chat's `messages`; any other error is returned as it is.
     pub fn with_conversation_param(mut self, field: &'static str) -> Self {
-        if let Error::ContextLengthExceeded { param, .. } = &mut self {
-            *param = field;
+        match &mut self {
+            Error::ContextLengthExceeded { param, .. } => *param = field,
+            Error::ToolNotAllowed {
+                param: Some(param), ..
+            } if param == CONVERSATION_PARAM => *param = field.to_string(),
+            _ => {}
         }
         self
     }

@@ -306,3 +306,128 @@ async fn resent_history_with_typed_message_items_continues_the_session() {
     assert_eq!(status, 200);
     assert_eq!(detail["branches"].as_array().unwrap().len(), 1, "{detail}");
 }
+
+/// Posts `body` to the Responses preview as tenant `default`; returns status and JSON body.
+async fn preview(proxy: &Proxy, key: &str, body: &Value) -> (u16, Value) {
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+/// The audit's cases (SPEC 5.3, 7): the preview report names every item not sent, once, by
+/// its index in `input`, with its own role; a dropped reasoning item and each dropped call
+/// separately.
+#[tokio::test]
+async fn preview_report_names_every_dropped_item_by_its_input_index() {
+    let cases = [
+        (
+            "tool_call_window: {max: 1, unit: call}",
+            json!([
+                {"index": 2, "role": "assistant", "reason": "tool_call_window"},
+                {"index": 3, "role": "assistant", "reason": "tool_call_window"},
+                {"index": 4, "role": "assistant", "reason": "tool_call_window"},
+                {"index": 5, "role": "tool", "reason": "tool_call_window"},
+                {"index": 6, "role": "tool", "reason": "tool_call_window"},
+            ]),
+        ),
+        (
+            "tool_filter: {include: [search]}",
+            json!([
+                {"index": 7, "role": "assistant", "reason": "tool_filter"},
+                {"index": 8, "role": "assistant", "reason": "tool_filter"},
+                {"index": 9, "role": "tool", "reason": "tool_filter"},
+            ]),
+        ),
+    ];
+    let items = fixture("parallel_turns.json")["input"].clone();
+    for (policy, expected) in cases {
+        let tenant =
+            format!("keys: any\nupstream:\n  base_url: {{upstream}}\npolicy:\n  {policy}\n");
+        let (proxy, mock) =
+            proxy_and_mock(ProxyOptions::default().only_tenant("default", &tenant)).await;
+        let (status, body) =
+            preview(&proxy, "sk-test", &json!({"model": "m", "input": items})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["report"]["removed"], expected, "{policy}");
+        let sent = body["input"].as_array().unwrap();
+        check_items(sent).unwrap();
+        let unsent = items
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| !sent.contains(i))
+            .count();
+        assert_eq!(unsent, expected.as_array().unwrap().len(), "{policy}");
+        assert!(mock.requests().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn preview_repair_names_the_unanswered_call_item() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let items = fixture("unanswered_in_turn.json")["input"].clone();
+    let (status, body) = preview(&proxy, "sk-test", &json!({"model": "m", "input": items})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["report"]["repaired"],
+        json!([{"index": 4, "kind": "unanswered_call"}])
+    );
+    assert_eq!(body["report"]["removed"], json!([]));
+    assert_eq!(call_ids(body["input"].as_array().unwrap()), ["c1"]);
+}
+
+/// A forbidden call in the current turn is refused naming `input`, the field that holds the
+/// Responses conversation (chat names `messages`), on the real route and the preview.
+#[tokio::test]
+async fn forbidden_call_in_the_current_turn_names_input() {
+    use sha2::Digest;
+    let tenant = format!(
+        "keys:\n  - sha256: {}\n    role: viewer\nupstream:\n  base_url: {{upstream}}\n  api_key_env: HOME\ntools:\n  roles:\n    viewer: [search_web]\n    finance: [search_web, get_account_balance]\n  default_role: viewer\n",
+        hex::encode(sha2::Sha256::digest(b"sk-viewer"))
+    );
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default().only_tenant("corp", &tenant)).await;
+    let input = json!([
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c1", "name": "get_account_balance", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "100"}
+    ]);
+    let body = json!({"model": "m", "input": input});
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-viewer")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&err)["code"], "tool_not_allowed");
+    assert_eq!(err["error"]["param"], "input", "{err}");
+
+    let (status, err) = preview(&proxy, "sk-viewer", &body).await;
+    assert_eq!(status, 403);
+    assert_eq!(err["error"]["code"], "tool_not_allowed");
+    assert_eq!(err["error"]["param"], "input", "{err}");
+
+    // Chat keeps naming its own field.
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .bearer_auth("sk-viewer")
+        .json(&json!({"model": "m", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_account_balance", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "100"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "messages", "{err}");
+    assert!(mock.requests().is_empty());
+}

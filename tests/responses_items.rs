@@ -4,7 +4,7 @@
 
 mod items_support;
 
-use ctxproxy::context::{PipelineInput, Policy, RemoveReason, Rewritten, run};
+use ctxproxy::context::{PipelineInput, Policy, RemoveReason, RepairKind, Report, Rewritten, run};
 use ctxproxy::conversation::responses_items::{ORIGINAL_KEY, to_items};
 use ctxproxy::conversation::{ItemMessages, Role, chain_ids};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -133,14 +133,14 @@ fn window_drops_old_turn_with_its_reasoning() {
         .filter(|i| !["c1", "c2"].contains(&i["call_id"].as_str().unwrap_or("")))
         .collect();
     assert_eq!(sent.iter().collect::<Vec<_>>(), kept);
-    let report = conv.report_in_items(out.report);
+    let report = conv.report_in_items(out.report, &out.calls);
     let removed: Vec<(usize, RemoveReason)> =
         report.removed.iter().map(|r| (r.index, r.reason)).collect();
     let w = RemoveReason::ToolCallWindow;
     assert_eq!(
         removed,
-        [(2, w), (4, w), (5, w)],
-        "indices are item indices"
+        [(1, w), (2, w), (3, w), (4, w), (5, w)],
+        "every dropped item by its own index, the reasoning too"
     );
 }
 
@@ -181,7 +181,10 @@ fn compressed_output_keeps_the_item_and_its_fields() {
         text.len() < big.len() && text.contains("tokens omitted"),
         "{text}"
     );
-    assert_eq!(conv.report_in_items(out.report).compressed[0].index, 2);
+    assert_eq!(
+        conv.report_in_items(out.report, &out.calls).compressed[0].index,
+        2
+    );
 }
 
 #[test]
@@ -251,4 +254,203 @@ fn unknown_items_are_never_the_current_turn_or_removed_by_history_steps() {
     }
     assert!(!types(&sent).contains(&"reasoning".to_string()));
     assert!(out.messages.iter().all(|m| m.role != Role::Tool));
+}
+
+/// The report of `out` in items, after checking that it accounts for every item of `items`
+/// that `out` does not send: once, in `removed` or (dropped by repair) in `repaired`.
+fn item_report(conv: &ItemMessages, items: &[Value], out: &Rewritten) -> Report {
+    let report = conv.report_in_items(out.report.clone(), &out.calls);
+    let sent = to_items(&out.messages);
+    let unsent: Vec<usize> = (0..items.len())
+        .filter(|&k| !sent.contains(&items[k]))
+        .collect();
+    let mut named: Vec<usize> = report.removed.iter().map(|r| r.index).collect();
+    named.extend(
+        report
+            .repaired
+            .iter()
+            .filter(|r| sent.iter().all(|i| *i != items[r.index]))
+            .map(|r| r.index),
+    );
+    named.sort_unstable();
+    assert_eq!(
+        named, unsent,
+        "every item not sent is named once: {report:?}"
+    );
+    report
+}
+
+/// `(index, role, reason)` of each removed entry.
+fn removed(report: &Report) -> Vec<(usize, String, RemoveReason)> {
+    report
+        .removed
+        .iter()
+        .map(|r| (r.index, r.role.as_str().to_string(), r.reason))
+        .collect()
+}
+
+fn expect(rows: &[(usize, &str)], reason: RemoveReason) -> Vec<(usize, String, RemoveReason)> {
+    rows.iter()
+        .map(|&(i, role)| (i, role.to_string(), reason))
+        .collect()
+}
+
+#[test]
+fn window_reports_each_call_and_reasoning_of_a_dropped_parallel_turn() {
+    let f = fixture("parallel_turns.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(
+        &conv,
+        json!({"tool_call_window": {"max": 1, "unit": "call"}}),
+    );
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(
+        removed(&report),
+        expect(
+            &[
+                (2, "assistant"),
+                (3, "assistant"),
+                (4, "assistant"),
+                (5, "tool"),
+                (6, "tool")
+            ],
+            RemoveReason::ToolCallWindow
+        )
+    );
+}
+
+#[test]
+fn filter_reports_the_reasoning_that_went_with_its_call() {
+    let f = fixture("parallel_turns.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({"tool_filter": {"include": ["search"]}}));
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(
+        removed(&report),
+        expect(
+            &[(7, "assistant"), (8, "assistant"), (9, "tool")],
+            RemoveReason::ToolFilter
+        )
+    );
+}
+
+#[test]
+fn a_call_taken_out_of_a_turn_that_stays_is_reported() {
+    let f = fixture("parallel_turns.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    // c1 goes, c2 and c3 stay: rs_1 moves on to c2 and is still sent.
+    let out = rewrite(&conv, json!({"tool_call_window": {"max": 2}}));
+    assert!(to_items(&out.messages).iter().any(|i| i["id"] == "rs_1"));
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(
+        removed(&report),
+        expect(
+            &[(3, "assistant"), (5, "tool")],
+            RemoveReason::ToolCallWindow
+        )
+    );
+}
+
+#[test]
+fn filter_placeholder_reports_the_calls_it_replaced_and_their_reasoning() {
+    let f = fixture("parallel_turns.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(
+        &conv,
+        json!({"tool_filter": {"exclude": ["search"], "placeholder": true}}),
+    );
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(report.placeholders, 2);
+    assert_eq!(
+        removed(&report),
+        expect(
+            &[
+                (2, "assistant"),
+                (3, "assistant"),
+                (4, "assistant"),
+                (5, "tool"),
+                (6, "tool")
+            ],
+            RemoveReason::ToolFilter
+        )
+    );
+}
+
+#[test]
+fn budget_reports_every_item_of_the_history_it_drops() {
+    let f = fixture("parallel_turns.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({"token_budget": {"max_tokens": 1}}));
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(
+        removed(&report),
+        expect(
+            &[
+                (1, "user"),
+                (2, "assistant"),
+                (3, "assistant"),
+                (4, "assistant"),
+                (5, "tool"),
+                (6, "tool"),
+                (7, "assistant"),
+                (8, "assistant"),
+                (9, "tool"),
+                (10, "assistant")
+            ],
+            RemoveReason::TokenBudget
+        ),
+        "the developer message is kept"
+    );
+}
+
+fn repaired(report: &Report) -> Vec<(usize, RepairKind)> {
+    report.repaired.iter().map(|r| (r.index, r.kind)).collect()
+}
+
+#[test]
+fn repair_names_the_unanswered_call_not_its_turn() {
+    let f = fixture("unanswered_in_turn.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let unanswered = RepairKind::UnansweredCall;
+    for policy in ["drop", "placeholder"] {
+        let out = rewrite(&conv, json!({"repair": {"unanswered_calls": policy}}));
+        let report = item_report(&conv, &items, &out);
+        assert_eq!(repaired(&report), [(4, unanswered)], "{policy}");
+        assert!(report.removed.is_empty(), "{policy}");
+    }
+
+    let f = fixture("broken_pairs.json");
+    let items = input(&f);
+    let conv = ItemMessages::new(None, &items);
+    let report = item_report(&conv, &items, &rewrite(&conv, json!({})));
+    assert_eq!(
+        repaired(&report),
+        [(1, RepairKind::OrphanResult), (3, unanswered)]
+    );
+}
+
+#[test]
+fn reasoning_leading_an_unanswered_call_is_repaired_with_it() {
+    let items = vec![
+        json!({"role": "user", "content": "go"}),
+        json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}),
+        json!({"type": "reasoning", "id": "rs_x", "summary": []}),
+        json!({"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": "1"}),
+        json!({"role": "user", "content": "next"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({}));
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert!(!sent.iter().any(|i| i["id"] == "rs_x"));
+    let report = item_report(&conv, &items, &out);
+    let unanswered = RepairKind::UnansweredCall;
+    assert_eq!(repaired(&report), [(2, unanswered), (3, unanswered)]);
 }

@@ -41,7 +41,9 @@ use crate::error::{Error, Result};
 use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
 
 pub use policy::Policy;
-pub use report::{Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse};
+pub use report::{
+    CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
+};
 pub use summary::{StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::offered_tool_names;
 
@@ -126,6 +128,8 @@ pub struct Rewritten {
     /// The messages to send upstream. Messages no step changed are clones of the input.
     pub messages: Vec<Message>,
     pub report: Report,
+    /// Changes to single calls, which the report names by their message only.
+    pub calls: Vec<CallChange>,
 }
 
 /// The outcome of a run before it is turned into messages: which messages of the input go out
@@ -136,6 +140,8 @@ pub struct Rewritten {
 pub struct Plan {
     parts: Vec<Part>,
     pub report: Report,
+    /// Changes to single calls, which the report names by their message only.
+    pub calls: Vec<CallChange>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -186,6 +192,7 @@ impl Plan {
         Rewritten {
             messages,
             report: self.report,
+            calls: self.calls,
         }
     }
 }
@@ -236,6 +243,8 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         encoding,
         counter,
         ids: input.ids,
+        given: input.messages,
+        calls: Vec::new(),
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 
@@ -273,7 +282,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         return Err(Error::ContextLengthExceeded {
             window: input.model.context_window,
             needed: tokens_out,
-            param: "messages",
+            param: crate::error::CONVERSATION_PARAM,
         });
     }
     let mut parts: Vec<Part> = Vec::new();
@@ -290,5 +299,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     Ok(Plan {
         parts,
         report: work.report,
+        calls: work.calls,
     })
 }

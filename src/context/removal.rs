@@ -8,9 +8,9 @@ use serde_json::{Value, json};
 
 use crate::conversation::{Message, Role, ToolCall};
 
-use super::report::RemoveReason;
+use super::report::{Change, RemoveReason};
 use super::segments::{link_near, link_results};
-use super::work::Work;
+use super::work::{Work, record_calls};
 
 /// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
 /// with their results. Calls in the current turn are never offered. (A result of a history call
@@ -76,6 +76,8 @@ pub(crate) fn remove_calls(
         drop_pos = vec![false; n];
     }
     let encoding = work.encoding;
+    let given = work.given;
+    let mut changes = Vec::new();
     let mut placeholders = 0u64;
     for Losing { pos, calls } in losing {
         let item = &mut work.items[pos];
@@ -89,6 +91,9 @@ pub(crate) fn remove_calls(
             drop_pos[pos] = true;
             continue;
         }
+        // The message stays (or goes for another reason below): name the calls it loses.
+        let gone = Change::Removed(reason);
+        record_calls(given, item, doomed_here.iter().copied(), gone, &mut changes);
         let msg = item.msg.to_mut();
         let names = take_calls(msg, doomed_here);
         if placeholder {
@@ -109,6 +114,7 @@ pub(crate) fn remove_calls(
         item.tokens = crate::tokens::message_tokens(encoding, msg);
     }
     work.report.placeholders += placeholders;
+    work.calls.extend(changes);
     work.remove_marked(reason, &drop_pos);
 }
 

@@ -13,9 +13,9 @@ use std::collections::HashSet;
 use super::budget::no_result_message;
 use super::policy::{Repair, UnansweredCalls};
 use super::removal::has_payload;
-use super::report::{RepairKind, Repaired};
+use super::report::{Change, RepairKind, Repaired};
 use super::segments::link_results;
-use super::work::{Item, Msg, Work};
+use super::work::{Item, Msg, Work, record_calls};
 use crate::conversation::Role;
 
 pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
@@ -53,6 +53,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
     }
 
     let mut out: Vec<Item<'_>> = Vec::with_capacity(n);
+    let mut changes = Vec::new();
     let mut placeholders = 0u64;
     let mut items: Vec<Option<Item<'_>>> = items.into_iter().map(Some).collect();
     for pos in 0..n {
@@ -71,16 +72,22 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                 let mut keep = vec![true; calls.len()];
                 let mut missing: Vec<String> = Vec::new();
                 for (i, call) in calls.iter().enumerate() {
-                    if !seen.insert(call.id.as_str()) {
+                    let kind = if !seen.insert(call.id.as_str()) {
                         keep[i] = false;
-                        repaired.push((pos, RepairKind::DuplicateId));
+                        RepairKind::DuplicateId
                     } else if answer[pos][i].is_none() {
-                        repaired.push((pos, RepairKind::UnansweredCall));
                         match policy.unanswered_calls {
                             UnansweredCalls::Drop => keep[i] = false,
                             UnansweredCalls::Placeholder => missing.push(call.id.clone()),
                         }
-                    }
+                        RepairKind::UnansweredCall
+                    } else {
+                        continue;
+                    };
+                    repaired.push((pos, kind));
+                    let dropped = !keep[i];
+                    let change = Change::Repaired { kind, dropped };
+                    record_calls(work.given, &item, [i], change, &mut changes);
                 }
                 if keep.iter().any(|k| !k) {
                     let msg = item.msg.to_mut();
@@ -136,6 +143,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
     }
 
     work.report.placeholders += placeholders;
+    work.calls.extend(changes);
     work.items = out;
     // Positions above are into the working copy; the report speaks in original indices.
     work.report.repaired.extend(

@@ -92,3 +92,25 @@ impl Report {
         self.tokens_in.saturating_sub(self.tokens_out)
     }
 }
+
+/// A change to one tool call of a message, beside the report: a call taken out of an assistant
+/// message (the message itself may stay, so `removed` does not name it), or a call repair
+/// found unanswered or duplicated. Chat reports name the message only; the Responses mapping,
+/// where every call is an item of its own, needs to know which call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallChange {
+    /// The assistant message, by its index in the conversation as given.
+    pub index: usize,
+    /// The call, by its position in that message's `tool_calls` as given.
+    pub call: usize,
+    pub change: Change,
+}
+
+/// What happened to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Taken out by a history step.
+    Removed(RemoveReason),
+    /// Repaired (`unanswered_call`, `duplicate_id`); `dropped` when it is no longer sent.
+    Repaired { kind: RepairKind, dropped: bool },
+}

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::conversation::{Message, MessageId, Role};
 use crate::tokens::{Encoding, TokenCounter, message_tokens};
 
-use super::report::{RemoveReason, Removed, Report};
+use super::report::{CallChange, Change, RemoveReason, Removed, Report};
 
 /// A message of the working copy: the caller's, or one a step changed or made.
 #[derive(Debug, Clone)]
@@ -100,6 +100,10 @@ pub(crate) struct Work<'a> {
     pub counter: &'a TokenCounter,
     /// The chained ids of the conversation as given, when the caller passed them.
     pub ids: Option<&'a [MessageId]>,
+    /// The conversation as given.
+    pub given: &'a [Message],
+    /// Changes to single calls, beside the report (see [`CallChange`]).
+    pub calls: Vec<CallChange>,
 }
 
 impl<'a> Work<'a> {
@@ -153,6 +157,45 @@ impl<'a> Work<'a> {
             }
         }
         self.items.truncate(write);
+    }
+}
+
+/// Records `change` for the calls at `positions` (in the item's current `tool_calls`) of `item`,
+/// naming each by its position in the message as given. Nothing for messages the pipeline made.
+pub(crate) fn record_calls(
+    given: &[Message],
+    item: &Item<'_>,
+    positions: impl IntoIterator<Item = usize>,
+    change: Change,
+    out: &mut Vec<CallChange>,
+) {
+    let Some(index) = item.index else { return };
+    let current = item.msg.tool_calls();
+    let origin = |i: usize| -> Option<usize> {
+        if item.msg.is_borrowed() {
+            return Some(i);
+        }
+        // Steps only take calls out (never reorder, add or edit them), so the current calls are
+        // a subsequence of the given ones: match them in order.
+        let given = given.get(index)?.tool_calls();
+        let mut g = 0;
+        for (k, call) in current.iter().enumerate() {
+            g += given.get(g..)?.iter().position(|c| c == call)?;
+            if k == i {
+                return Some(g);
+            }
+            g += 1;
+        }
+        None
+    };
+    for i in positions {
+        if let Some(call) = origin(i) {
+            out.push(CallChange {
+                index,
+                call,
+                change,
+            });
+        }
     }
 }
 

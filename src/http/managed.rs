@@ -58,6 +58,14 @@ impl Endpoint {
         }
     }
 
+    /// The request field holding the conversation, which errors about it name.
+    pub fn conversation_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => crate::error::CONVERSATION_PARAM,
+            Endpoint::Responses => "input",
+        }
+    }
+
     fn upstream_path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/chat/completions",
@@ -211,7 +219,9 @@ async fn forward(
     log.tenant = Some(tenant.name.clone());
     let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
     let call = Call::parse(log.endpoint, &bytes)?;
-    let prepared = prepare(state, config, &selected, client_headers, call, log).await?;
+    let prepared = prepare(state, config, &selected, client_headers, call, log)
+        .await
+        .map_err(|e| e.with_conversation_param(log.endpoint.conversation_param()))?;
     let session_id = prepared.completion.session.clone();
     let mut answer = send(state, &selected, client_headers, prepared, log).await?;
     let response = match &mut answer {

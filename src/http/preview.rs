@@ -125,7 +125,8 @@ async fn preview(
         },
         Purpose::Preview,
     )
-    .await?;
+    .await
+    .map_err(|e| e.with_conversation_param(endpoint.conversation_param()))?;
     let report =
         serde_json::to_value(&outcome.report).map_err(|e| Error::Internal(e.to_string()))?;
     let body = match call {

@@ -13,7 +13,7 @@ use crate::app::AppState;
 use crate::config::{Config, Selected, Tenant};
 use crate::context::{self, PipelineInput, Report, ToolAccess};
 use crate::conversation::{Message, MessageId, Role, responses_items};
-use crate::error::Result;
+use crate::error::{CONVERSATION_PARAM, Result};
 use crate::summarize;
 
 /// Why the conversation is rewritten.
@@ -67,7 +67,8 @@ pub fn cut_tools(
     Ok(allowed)
 }
 
-/// Rewrites `call`'s conversation in place.
+/// Rewrites `call`'s conversation in place. Errors about the conversation name chat's
+/// `messages`; the routes rename them for Responses (`Error::with_conversation_param`).
 #[allow(clippy::too_many_arguments)]
 pub async fn rewrite(
     state: &Arc<AppState>,
@@ -171,15 +172,13 @@ pub async fn rewrite(
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
             };
-            // A Responses request carries its conversation in `input`.
-            let rewritten = context::run(input, &state.tokens)
-                .map_err(|e| e.with_conversation_param("input"))?;
-            if purpose == Purpose::Live {
-                count_rewrites(&rewritten.report);
-            }
+            let rewritten = context::run(input, &state.tokens)?;
             call.put_items(responses_items::to_items(&rewritten.messages));
-            let mut report = conv.report_in_items(rewritten.report);
+            let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             summary.fix_report(&mut report);
+            if purpose == Purpose::Live {
+                count_rewrites(&report);
+            }
             Ok(Outcome {
                 report: Some(report),
                 summary_job: summary.take_job(),
@@ -216,7 +215,7 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
     for m in &messages[start..] {
         for call in m.tool_calls() {
             if !allowed.permits(&call.function.name) {
-                return Err(access::forbidden(&call.function.name, "messages"));
+                return Err(access::forbidden(&call.function.name, CONVERSATION_PARAM));
             }
         }
     }

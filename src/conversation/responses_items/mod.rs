@@ -22,9 +22,11 @@
 
 mod emit;
 
+use std::ops::Range;
+
 use serde_json::{Map, Value, json};
 
-use crate::context::Report;
+use crate::context::{CallChange, Change, RemoveReason, Removed, RepairKind, Repaired, Report};
 use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
 
 pub use emit::to_items;
@@ -62,13 +64,14 @@ pub(crate) fn kind(item: &Value) -> Kind {
 pub struct ItemMessages {
     /// The messages, `instructions` first when given.
     pub messages: Vec<Message>,
-    /// For each message, the item the report names it by (a call turn: its first call);
-    /// `None` for the instructions.
+    /// For each message, its main item (a call turn: its first call; otherwise the item after
+    /// the reasoning that leads it); `None` for the instructions.
     pub item_index: Vec<Option<usize>>,
-    /// For each message, the last item it carries (its chained id names the message).
-    last_item: Vec<Option<usize>>,
-    /// How many items the messages were made from.
-    items: usize,
+    /// For each message, the items it carries, leading reasoning included; the last one's
+    /// chained id names the message. `None` for the instructions.
+    ranges: Vec<Option<Range<usize>>>,
+    /// The kind of each item.
+    kinds: Vec<Kind>,
 }
 
 impl ItemMessages {
@@ -77,8 +80,8 @@ impl ItemMessages {
         let mut out = ItemMessages {
             messages: Vec::with_capacity(items.len() + 1),
             item_index: Vec::with_capacity(items.len() + 1),
-            last_item: Vec::with_capacity(items.len() + 1),
-            items: items.len(),
+            ranges: Vec::with_capacity(items.len() + 1),
+            kinds: items.iter().map(kind).collect(),
         };
         if let Some(text) = instructions.filter(|v| !v.is_null()) {
             let content = match text {
@@ -90,7 +93,7 @@ impl ItemMessages {
             m.extra.insert(INSTRUCTIONS_KEY.into(), Value::Bool(true));
             out.push(m, None, None);
         }
-        let kinds: Vec<Kind> = items.iter().map(kind).collect();
+        let kinds = std::mem::take(&mut out.kinds);
         let mut i = 0;
         while i < items.len() {
             // Reasoning items lead whatever follows them; trailing ones stand alone.
@@ -100,7 +103,7 @@ impl ItemMessages {
             }
             if i == items.len() {
                 for k in start..i {
-                    out.push(opaque(&items[k..=k]), Some(k), Some(k));
+                    out.push(opaque(&items[k..=k]), Some(k), Some(k..k + 1));
                 }
                 break;
             }
@@ -111,45 +114,46 @@ impl ItemMessages {
                     out.push(
                         call_turn(&items[start..end]),
                         Some(first_call),
-                        Some(end - 1),
+                        Some(start..end),
                     );
                     i = end;
                 }
                 Kind::Output => {
-                    out.push(output(&items[start..=i]), Some(i), Some(i));
+                    out.push(output(&items[start..=i]), Some(i), Some(start..i + 1));
                     i += 1;
                 }
                 Kind::Message => {
-                    out.push(message(&items[start..=i]), Some(i), Some(i));
+                    out.push(message(&items[start..=i]), Some(i), Some(start..i + 1));
                     i += 1;
                 }
                 Kind::Reasoning | Kind::Opaque => {
-                    out.push(opaque(&items[start..=i]), Some(i), Some(i));
+                    out.push(opaque(&items[start..=i]), Some(i), Some(start..i + 1));
                     i += 1;
                 }
             }
         }
+        out.kinds = kinds;
         out
     }
 
-    fn push(&mut self, m: Message, index: Option<usize>, last: Option<usize>) {
+    fn push(&mut self, m: Message, index: Option<usize>, range: Option<Range<usize>>) {
         self.messages.push(m);
         self.item_index.push(index);
-        self.last_item.push(last);
+        self.ranges.push(range);
     }
 
     /// Ids for the token cache, parallel to `messages`, from the chained ids of the items
     /// (`item_ids` parallel to the items). A message is named by the id of its last item: that
     /// id names the whole prefix, so it determines the message. `None` if the lengths differ.
     pub fn ids(&self, item_ids: &[MessageId]) -> Option<Vec<MessageId>> {
-        if item_ids.len() != self.items {
+        if item_ids.len() != self.kinds.len() {
             return None;
         }
         self.messages
             .iter()
-            .zip(&self.last_item)
-            .map(|(m, last)| match last {
-                Some(k) => item_ids.get(*k).copied(),
+            .zip(&self.ranges)
+            .map(|(m, range)| match range {
+                Some(r) => item_ids.get(r.end.checked_sub(1)?).copied(),
                 None => Some(message_id(
                     None,
                     &json!({"role": m.role.as_str(), "content": m.content}),
@@ -158,25 +162,152 @@ impl ItemMessages {
             .collect()
     }
 
-    /// The pipeline's report with indices into the items instead of the messages, which is what
-    /// a Responses client sent (the instructions are never removed or repaired).
-    pub fn report_in_items(&self, mut report: Report) -> Report {
-        report.removed.retain_mut(|r| self.to_item(&mut r.index));
-        report.compressed.retain_mut(|c| self.to_item(&mut c.index));
-        report.repaired.retain_mut(|r| self.to_item(&mut r.index));
+    /// The pipeline's report (and its `calls`, see [`CallChange`]) in terms of the items the
+    /// conversation was made from, which is what a Responses client sent: every item that is
+    /// not sent is named once, by its own index, in `removed` (or, when repair dropped it, in
+    /// `repaired`), and every repair and compression names the item it concerns. The
+    /// instructions are never removed or repaired.
+    ///
+    /// An item's `role` in `removed` is that of the message it maps to: `assistant` for
+    /// `function_call` and `reasoning`, `tool` for `function_call_output`, the item's own role
+    /// for a message, `item:<type>` for other items.
+    pub fn report_in_items(&self, mut report: Report, calls: &[CallChange]) -> Report {
+        let mut fate: Vec<Option<Fate>> = vec![None; self.kinds.len()];
+        let mut repaired: Vec<Repaired> = Vec::new();
+        // Calls first: a call leaves its turn before the turn itself can go.
+        let mut turns: Vec<Range<usize>> = Vec::new();
+        for c in calls {
+            let Some((k, turn)) = self.call_item(c.index, c.call) else {
+                continue;
+            };
+            if turns.last() != Some(&turn) {
+                turns.push(turn);
+            }
+            match c.change {
+                Change::Removed(reason) => {
+                    fate[k].get_or_insert(Fate::Removed(reason));
+                }
+                Change::Repaired { kind, dropped } => {
+                    repaired.push(Repaired { index: k, kind });
+                    if dropped {
+                        fate[k].get_or_insert(Fate::Repaired(kind));
+                    }
+                }
+            }
+        }
+        // Reasoning leads the next call of its turn that is sent (see `emit`); with none left
+        // after it, it goes with the call that follows it.
+        for turn in turns {
+            let mut kept_after = false;
+            let mut next: Option<Fate> = None;
+            for k in turn.rev() {
+                match self.kinds[k] {
+                    Kind::Call => {
+                        kept_after |= fate[k].is_none();
+                        next = fate[k];
+                    }
+                    Kind::Reasoning if !kept_after && fate[k].is_none() => {
+                        fate[k] = next;
+                        if let Some(Fate::Repaired(kind)) = next {
+                            repaired.push(Repaired { index: k, kind });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Whole messages: every item of theirs still there goes with them.
+        for r in &report.removed {
+            for k in self.range(r.index) {
+                fate[k].get_or_insert(Fate::Removed(r.reason));
+            }
+        }
+        for r in &report.repaired {
+            let on_result = self
+                .messages
+                .get(r.index)
+                .is_some_and(|m| m.role == Role::Tool);
+            match r.kind {
+                // Named by the call, above.
+                RepairKind::UnansweredCall => {}
+                RepairKind::DuplicateId if !on_result => {}
+                RepairKind::MovedResult => {
+                    if let Some(index) = self.main_item(r.index) {
+                        repaired.push(Repaired {
+                            index,
+                            kind: r.kind,
+                        });
+                    }
+                }
+                kind => {
+                    for k in self.range(r.index) {
+                        if fate[k].is_none() {
+                            fate[k] = Some(Fate::Repaired(kind));
+                            repaired.push(Repaired { index: k, kind });
+                        }
+                    }
+                }
+            }
+        }
+        report
+            .compressed
+            .retain_mut(|c| match self.main_item(c.index) {
+                Some(i) => {
+                    c.index = i;
+                    true
+                }
+                None => false,
+            });
+        report.removed = self
+            .ranges
+            .iter()
+            .zip(&self.messages)
+            .filter_map(|(range, m)| Some((range.clone()?, m)))
+            .flat_map(|(range, m)| range.map(move |k| (k, m)))
+            .filter_map(|(k, m)| match fate[k] {
+                Some(Fate::Removed(reason)) => Some(Removed {
+                    index: k,
+                    role: match self.kinds[k] {
+                        Kind::Call | Kind::Reasoning => Role::Assistant,
+                        Kind::Output => Role::Tool,
+                        Kind::Message | Kind::Opaque => m.role.clone(),
+                    },
+                    reason,
+                }),
+                _ => None,
+            })
+            .collect();
+        repaired.sort_by_key(|r| r.index);
+        report.repaired = repaired;
         report
     }
 
-    /// Rewrites a message index into its item index; false when it has none.
-    fn to_item(&self, index: &mut usize) -> bool {
-        match self.item_index.get(*index).copied().flatten() {
-            Some(i) => {
-                *index = i;
-                true
-            }
-            None => false,
-        }
+    /// The items of message `index` (none for the instructions or an index out of range).
+    fn range(&self, index: usize) -> Range<usize> {
+        self.ranges.get(index).cloned().flatten().unwrap_or(0..0)
     }
+
+    /// The main item of message `index`.
+    fn main_item(&self, index: usize) -> Option<usize> {
+        self.item_index.get(index).copied().flatten()
+    }
+
+    /// The item of call `call` of message `index` (a call turn), with the turn's items.
+    fn call_item(&self, index: usize, call: usize) -> Option<(usize, Range<usize>)> {
+        let turn = self.range(index);
+        let k = turn
+            .clone()
+            .filter(|&k| self.kinds[k] == Kind::Call)
+            .nth(call)?;
+        Some((k, turn))
+    }
+}
+
+/// What became of an item that is not sent.
+#[derive(Debug, Clone, Copy)]
+enum Fate {
+    Removed(RemoveReason),
+    Repaired(RepairKind),
 }
 
 fn with_originals(mut m: Message, items: &[Value]) -> Message {
