@@ -480,6 +480,52 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     shutdown.await.unwrap();
 }
 
+/// A request whose client has gone is still read to its end and stored (SPEC 4.2), also when
+/// the proxy is told to stop meanwhile: shutdown waits for it within the grace period.
+#[tokio::test]
+async fn shutdown_still_stores_the_replies_of_clients_that_left() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let state = proxy.state.clone();
+    let http = client();
+    let mut streamed = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "gone-stream")
+        .header("x-mock-chunk-delay-ms", "200")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    streamed.chunk().await.unwrap().unwrap();
+    drop(streamed);
+    let whole = tokio::spawn(
+        http.post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "gone-whole")
+            .header("x-mock-delay-ms", "600")
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send(),
+    );
+    // The request reaches the upstream, then its client gives up.
+    while !mock
+        .requests()
+        .iter()
+        .any(|r| r.header("x-session-id") == Some("gone-whole"))
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    whole.abort();
+    proxy.shutdown().await;
+    for session in ["gone-stream", "gone-whole"] {
+        let stored = state.store.head_branch("default", session).await.unwrap();
+        let bodies: Vec<&Value> = stored.iter().map(|m| &m.body).collect();
+        assert_eq!(bodies.len(), 2, "{session}: {bodies:?}");
+        assert_eq!(bodies[1]["content"], "ok: 1 messages", "{session}");
+        let records = state.store.list_requests("default", session).await.unwrap();
+        assert_eq!(records.len(), 1, "{session}");
+    }
+}
+
 #[tokio::test]
 async fn admin_api_needs_the_token_and_shows_what_was_stored() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;

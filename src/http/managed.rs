@@ -110,7 +110,10 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
         started: Instant::now(),
         upstream: None,
     };
-    let task = tokio::spawn(handle(state, headers, body, log).instrument(span));
+    // Tracked, so that shutdown waits (within its grace) for the work of a request whose client
+    // has already gone: its reply is still read and stored (SPEC 4.2).
+    let background = state.background.clone();
+    let task = background.spawn(handle(state, headers, body, log).instrument(span));
     let mut response = match task.await {
         Ok(r) => r,
         Err(e) => Error::Internal(format!("request task failed: {e}")).into_response(),
@@ -452,9 +455,12 @@ async fn send(
 
     if status.is_success() && call.is_stream() && is_sse {
         let stream_log = log.clone();
+        // Shutdown waits for the relay too, until the reply is stored: the client may be gone.
+        let in_flight = state.background.token();
         let body = upstream::relay::tee_sse(resp, timeout, log.endpoint.kind(), move |outcome| {
             let mut stream_log = stream_log;
             async move {
+                let _in_flight = in_flight;
                 let upstream_took = outcome.upstream_done.duration_since(upstream_started);
                 stream_log.upstream = Some((upstream_started, Some(outcome.upstream_done)));
                 if let Some(err) = &outcome.error {
