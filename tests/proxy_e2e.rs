@@ -322,7 +322,23 @@ async fn oversized_body_is_413() {
     assert_eq!(resp.status(), 413);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(assert_openai_error(&v)["code"], "request_too_large");
-    assert!(mock.requests().is_empty());
+    // A forwarded route whose body comes without a length is cut off on the way: a 413 too.
+    let chunks = futures_util::stream::iter(
+        (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 512]))),
+    );
+    let resp = client()
+        .post(format!("{}/files", proxy.base_url()))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "request_too_large");
+    assert!(
+        mock.requests().iter().all(|r| r.path.ends_with("/files")),
+        "only the forwarded route may have reached the upstream"
+    );
 }
 
 #[tokio::test]
@@ -344,6 +360,11 @@ async fn upstream_down_is_502() {
         let err = assert_openai_error(&v);
         assert_eq!(err["type"], "upstream_error");
         assert_eq!(err["code"], "upstream_unreachable");
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            !message.contains(&dead),
+            "the upstream URL stays private: {message}"
+        );
     }
 }
 

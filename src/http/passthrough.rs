@@ -3,6 +3,7 @@
 //! Authorization handling applied.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
@@ -86,9 +87,18 @@ async fn forward_inner(
         }
         let auth = tenant::upstream_auth(&selected);
         let out_headers = headers::to_upstream(&parts.headers, &auth, false);
+        // A body without a length found over the limit on the way: a 413, not an upstream error.
+        let too_large = Arc::new(AtomicBool::new(false));
+        let over = too_large.clone();
         let body_stream = axum::body::Body::new(http_body_util::Limited::new(body, limit))
             .into_data_stream()
-            .map_err(std::io::Error::other);
+            .map_err(move |e| {
+                let e = e.into_inner();
+                if e.is::<http_body_util::LengthLimitError>() {
+                    over.store(true, Ordering::Relaxed);
+                }
+                std::io::Error::other(e)
+            });
         let client = state
             .upstream
             .client(Duration::from_secs(up.connect_timeout_s))?;
@@ -106,6 +116,9 @@ async fn forward_inner(
         )
         .await;
         upstream_took = Some(upstream_started.elapsed());
+        if sent.is_err() && too_large.load(Ordering::Relaxed) {
+            return Err(Error::RequestTooLarge { limit });
+        }
         let resp = sent?;
         let status = resp.status();
         let resp_headers = headers::to_client(resp.headers());

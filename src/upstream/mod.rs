@@ -74,7 +74,9 @@ pub fn map_reqwest(e: reqwest::Error, limit: Duration) -> Error {
     if e.is_timeout() {
         Error::UpstreamTimeout(limit)
     } else {
-        // The error chain explains connect failures ("connection refused") without secrets.
+        // The error chain explains connect failures ("connection refused") without secrets,
+        // and without the upstream URL (the operator's configuration, not the client's).
+        let e = e.without_url();
         let mut msg = e.to_string();
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
