@@ -57,6 +57,10 @@ pub enum Error {
     /// The upstream did not answer (or stopped sending) within the configured time.
     #[error("upstream timed out after {0:?}")]
     UpstreamTimeout(Duration),
+    /// Another request on the session held it for longer than this one may wait (the
+    /// tenant's `upstream.timeout_s`): the store is fine, the session is busy.
+    #[error("session '{session}' is still busy with another request after {waited:?}; retry later")]
+    SessionBusy { session: String, waited: Duration },
     /// The store failed; nothing is forwarded that could not be recorded.
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),

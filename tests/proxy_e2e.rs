@@ -4,6 +4,8 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+
 use serde_json::{Value, json};
 
 const KEYED: &str = "keys:\n  - sha256: {hash}\nupstream:\n  base_url: {upstream}\n  api_key_env: CTXPROXY_E2E_UPSTREAM_KEY\n";
@@ -385,6 +387,49 @@ async fn upstream_timeout_is_504() {
     assert_eq!(resp.status(), 504);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(assert_openai_error(&v)["code"], "upstream_timeout");
+}
+
+/// A request that cannot get its session within the tenant's timeout (another request holds
+/// it) is told the session is busy, with a status OpenAI's SDKs retry: the store is fine.
+#[tokio::test]
+async fn a_session_held_too_long_by_another_request_is_a_409() {
+    let opts = ProxyOptions::default().only_tenant(
+        "default",
+        "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 1\n",
+    );
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let http = client();
+    let send = || {
+        http.post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "busy")
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    let held = proxy
+        .state
+        .store
+        .lock_session(
+            "default",
+            "busy",
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    let resp = send().await.unwrap();
+    assert_eq!(resp.status(), 409);
+    let v: Value = resp.json().await.unwrap();
+    let err = assert_openai_error(&v);
+    assert_eq!(err["code"], "session_busy");
+    assert!(err["message"].as_str().unwrap().contains("busy"), "{v}");
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "the busy request was not forwarded"
+    );
+    proxy.state.store.unlock_session(&held).await.unwrap();
+    assert_eq!(send().await.unwrap().status(), 200);
 }
 
 #[tokio::test]

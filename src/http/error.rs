@@ -65,6 +65,12 @@ impl Error {
                 "upstream_error",
                 Some("upstream_timeout"),
             ),
+            // 409, which OpenAI's SDKs retry (with backoff) by default.
+            Error::SessionBusy { .. } => (
+                StatusCode::CONFLICT,
+                "invalid_request_error",
+                Some("session_busy"),
+            ),
             Error::StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",

@@ -58,7 +58,7 @@ impl Wakeups {
     }
 }
 
-/// Calls `attempt` until it returns a lease or `wait` has passed (then `StoreUnavailable`).
+/// Calls `attempt` until it returns a lease or `wait` has passed (then `SessionBusy`).
 pub(crate) async fn acquire<F, Fut>(
     wakeups: &Wakeups,
     tenant: &str,
@@ -84,9 +84,10 @@ where
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Error::StoreUnavailable(format!(
-                "timed out after {wait:?} waiting for the lock of session '{session}'"
-            )));
+            return Err(Error::SessionBusy {
+                session: session.to_string(),
+                waited: wait,
+            });
         }
         let pause = jitter(backoff).min(deadline - now);
         tokio::select! {

@@ -31,7 +31,7 @@ pub struct TurnOpen {
     pub scope: Scope,
     /// The lease's time to live.
     pub ttl: Duration,
-    /// How long to wait for a lease someone else holds (then `StoreUnavailable`).
+    /// How long to wait for a lease someone else holds (then `SessionBusy`).
     pub wait: Duration,
     /// Stored once the lease is held (client mode knows it before reading anything).
     pub append: Option<Append>,

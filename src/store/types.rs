@@ -265,7 +265,7 @@ pub struct SessionDetail {
     pub summary: Option<Summary>,
 }
 
-/// How long to wait for a session lease before giving up with `StoreUnavailable`.
+/// How long to wait for a session lease before giving up with `SessionBusy`.
 pub const DEFAULT_LOCK_WAIT: Duration = Duration::from_secs(600);
 
 fn ser_id<S: Serializer>(id: &MessageId, s: S) -> Result<S::Ok, S::Error> {

@@ -66,7 +66,7 @@ pub async fn session_lease_is_exclusive_and_expired_one_is_taken_over(fx: &Fixtu
     let waited = s
         .lock_session("t", "s", LONG, Duration::from_millis(100))
         .await;
-    assert!(matches!(waited, Err(ctxproxy::Error::StoreUnavailable(_))));
+    assert!(matches!(waited, Err(ctxproxy::Error::SessionBusy { .. })));
     // Renewal keeps it; release lets the next one in at once.
     let renewed = s.renew_session_lease(&held, LONG).await.unwrap().unwrap();
     let store = fx.store.clone();

@@ -152,7 +152,7 @@ pub async fn a_turn_waits_for_the_lease_before_appending(fx: &Fixture) {
     let late = chain(None, &[msg("user", "too late")], Origin::Client);
     assert!(matches!(
         s.open_turn(open("busy", Some(late), SHORT)).await,
-        Err(ctxproxy::Error::StoreUnavailable(_))
+        Err(ctxproxy::Error::SessionBusy { .. })
     ));
     assert_eq!(s.head_branch("t", "busy").await.unwrap().len(), 1);
     s.unlock_session(&opened.lease).await.unwrap();
