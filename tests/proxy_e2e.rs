@@ -683,3 +683,75 @@ async fn a_wrong_method_is_an_openai_shaped_405() {
     assert_eq!(admitted.status(), 405);
     assert!(mock.requests().is_empty());
 }
+
+/// An upstream that answers every chat request with `chunks`, one network write each.
+async fn raw_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
+    use axum::routing::post;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let chunks = chunks.clone();
+            async move {
+                let stream = futures_util::stream::iter(
+                    chunks.into_iter().map(Ok::<_, std::convert::Infallible>),
+                );
+                (
+                    [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                    axum::body::Body::from_stream(stream),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/v1")
+}
+
+/// A stream opening with a BOM, framed with CR alone, carrying one large chunk in 2 KB network
+/// pieces and audio deltas: the client gets the bytes unchanged and the stored reply is whole.
+#[tokio::test]
+async fn unusually_framed_stream_with_a_large_event_is_stored_whole() {
+    let big = "y".repeat(1 << 20);
+    let events = [
+        json!({"id":"c-raw","choices":[{"index":0,"delta":{"role":"assistant","content":"","audio":{"id":"audio_9","transcript":"Hi"}}}]}),
+        json!({"choices":[{"index":0,"delta":{"content":big}}]}),
+        json!({"choices":[{"index":0,"delta":{"audio":{"transcript":" you","data":"AAAA"}}}]}),
+        json!({"choices":[{"index":0,"delta":{"audio":{"data":"BBBB"}},"finish_reason":"stop"}]}),
+    ];
+    let mut body = "\u{FEFF}".as_bytes().to_vec();
+    for e in &events {
+        body.extend_from_slice(format!("data: {e}\r\r").as_bytes());
+    }
+    body.extend_from_slice(b"data: [DONE]\r\r");
+    let chunks: Vec<bytes::Bytes> = body
+        .chunks(2048)
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    let upstream = raw_sse_upstream(chunks).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "s-raw")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let relayed = resp.bytes().await.unwrap();
+    assert!(relayed[..] == body[..], "the stream is relayed unchanged");
+    proxy.wait_for_records("default", "s-raw", 1).await;
+    let stored = proxy.stored_messages("default", "s-raw").await;
+    let reply = stored.last().expect("a stored reply");
+    assert_eq!(reply["role"], "assistant", "{reply}");
+    assert!(
+        reply["content"] == Value::String(big),
+        "the large content is stored whole"
+    );
+    assert_eq!(
+        reply["audio"],
+        json!({"id": "audio_9", "transcript": "Hi you", "data": "AAAABBBB"})
+    );
+}

@@ -44,10 +44,13 @@ where
         loop {
             match tokio::time::timeout(idle, stream.next()).await {
                 Ok(Some(Ok(chunk))) => {
-                    acc.feed(&chunk);
-                    if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+                    // The client's copy goes first (a `Bytes` clone shares the buffer), so the
+                    // rebuild never holds a chunk back; it runs before the next read, which
+                    // linear parsing keeps cheap.
+                    if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
                         client_gone = true;
                     }
+                    acc.feed(&chunk);
                 }
                 Ok(Some(Err(e))) => {
                     error = Some(Error::UpstreamUnreachable(format!(

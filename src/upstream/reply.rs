@@ -77,8 +77,8 @@ struct ChoiceDeltas {
     refusal: Option<String>,
     tool_calls: BTreeMap<u64, ToolCallDeltas>,
     finish_reason: Option<Value>,
-    /// Delta fields this parser does not know (`reasoning_content`, streamed `annotations`, …),
-    /// merged as deltas are: strings appended, arrays extended, anything else the latest value.
+    /// The other delta fields (`reasoning_content`, streamed `annotations`, a legacy
+    /// `function_call`, `audio`, …), merged as the SDK merges deltas (see [`merge_delta`]).
     extra: Map<String, Value>,
 }
 
@@ -245,7 +245,7 @@ impl StreamAccumulator {
         }
     }
 
-    fn responses_event(&mut self, name: Option<&str>, v: Value) {
+    fn responses_event(&mut self, name: Option<&str>, mut v: Value) {
         let kind = v
             .get("type")
             .and_then(Value::as_str)
@@ -263,13 +263,14 @@ impl StreamAccumulator {
                     .get("output_index")
                     .and_then(Value::as_u64)
                     .unwrap_or(self.items.len() as u64);
-                if let Some(item) = v.get("item") {
-                    self.items.insert(index, item.clone());
+                // Taken, not copied: an item may carry a whole base64 image.
+                if let Some(item) = v.get_mut("item").map(Value::take) {
+                    self.items.insert(index, item);
                 }
             }
             "response.completed" | "response.incomplete" => {
-                if let Some(resp) = v.get("response") {
-                    self.completed = Some(resp.clone());
+                if let Some(resp) = v.get_mut("response").map(Value::take) {
+                    self.completed = Some(resp);
                 }
             }
             _ => {}
@@ -300,16 +301,57 @@ impl StreamAccumulator {
     }
 }
 
-/// Adds one chunk's value of an unknown delta field to what earlier chunks sent.
-fn merge_delta(extra: &mut Map<String, Value>, key: &str, value: &Value) {
-    match (extra.get_mut(key), value) {
-        (Some(Value::String(acc)), Value::String(s)) => acc.push_str(s),
-        (Some(Value::Array(acc)), Value::Array(items)) => acc.extend(items.iter().cloned()),
-        (Some(_), Value::Null) => {}
-        _ => {
-            extra.insert(key.to_string(), value.clone());
-        }
+/// Adds one chunk's value of a delta field to what earlier chunks sent, as the openai-python SDK
+/// accumulates deltas (`openai/lib/streaming/_deltas.py`, `accumulate_delta`): a value absent or
+/// null so far is taken as sent; `index` and `type` are replaced; strings are appended; objects
+/// merge key by key (so a legacy `function_call` gets its `name` and every `arguments` fragment,
+/// and `audio` keeps its `id` beside the `transcript` and `data` fragments); lists extend, an
+/// object entry carrying an `index` merging into the earlier entry with that `index`. A null
+/// delta keeps what was accumulated. Anything else (numbers included) is the latest value: the
+/// SDK adds numbers, but no delta field streams a number in increments, and one repeated in
+/// every chunk (a timestamp, a count so far) must not be summed into the stored message.
+fn merge_delta(acc: &mut Map<String, Value>, key: &str, value: &Value) {
+    let Some(slot) = acc.get_mut(key) else {
+        acc.insert(key.to_string(), value.clone());
+        return;
+    };
+    if value.is_null() {
+        return;
     }
+    if slot.is_null() || key == "index" || key == "type" {
+        *slot = value.clone();
+        return;
+    }
+    match (slot, value) {
+        (Value::String(acc), Value::String(s)) => acc.push_str(s),
+        (Value::Object(acc), Value::Object(fields)) => {
+            for (k, v) in fields {
+                merge_delta(acc, k, v);
+            }
+        }
+        (Value::Array(acc), Value::Array(items)) => {
+            for item in items {
+                merge_list_entry(acc, item);
+            }
+        }
+        (slot, _) => *slot = value.clone(),
+    }
+}
+
+/// One entry of a list delta: an object with an `index` merges into the earlier object with the
+/// same `index`; anything else (scalars, objects without an `index`) is appended.
+fn merge_list_entry(acc: &mut Vec<Value>, item: &Value) {
+    if let Value::Object(fields) = item
+        && let Some(index) = fields.get("index").filter(|i| i.is_u64())
+        && let Some(Value::Object(earlier)) =
+            acc.iter_mut().rev().find(|e| e.get("index") == Some(index))
+    {
+        for (k, v) in fields {
+            merge_delta(earlier, k, v);
+        }
+        return;
+    }
+    acc.push(item.clone());
 }
 
 #[cfg(test)]
@@ -385,5 +427,83 @@ mod tests {
         let reply = acc.finish();
         assert_eq!(reply.messages, out.as_array().cloned().unwrap());
         assert_eq!(reply.id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
+    fn legacy_function_call_deltas_are_rebuilt_whole() {
+        let body = sse(&[
+            json!({"id":"c2","choices":[{"index":0,"delta":{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":""}}}]}),
+            json!({"choices":[{"index":0,"delta":{"function_call":{"arguments":"{\"lo"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"function_call":{"arguments":"cation\":"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"function_call":{"arguments":"\"Paris\"}"}}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"function_call"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        for piece in body.chunks(5) {
+            acc.feed(piece);
+        }
+        let reply = acc.finish();
+        assert_eq!(
+            reply.messages[0],
+            json!({"role":"assistant","content":null,"refusal":null,
+                   "function_call":{"name":"get_weather","arguments":"{\"location\":\"Paris\"}"}})
+        );
+        assert_eq!(reply.choices[0]["finish_reason"], "function_call");
+    }
+
+    #[test]
+    fn audio_deltas_keep_their_id_and_every_fragment() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":null,"audio":{"id":"audio_1","transcript":""}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"transcript":"Hello"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"data":"UklG"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"transcript":" there"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"data":"RiQA"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"expires_at":1729000000,"transcript":"."}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":null},"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&body);
+        assert_eq!(
+            acc.finish().messages[0],
+            json!({"role":"assistant","content":null,"refusal":null,
+                   "audio":{"id":"audio_1","transcript":"Hello there.","data":"UklGRiQA","expires_at":1729000000}})
+        );
+    }
+
+    #[test]
+    fn object_lists_merge_by_index_and_type_is_replaced() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"x_parts":[{"index":0,"type":"text","text":"a"}],"x_tags":["p"]}}]}),
+            json!({"choices":[{"index":0,"delta":{"x_parts":[{"index":0,"text":"b"},{"index":1,"type":"image","url":"u1"}],"x_tags":["q"]}}]}),
+            json!({"choices":[{"index":0,"delta":{"x_parts":[{"index":0,"type":"text_v2"},{"index":1,"url":"2"}],"x_seq":3}}]}),
+            json!({"choices":[{"index":0,"delta":{"x_seq":4},"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&body);
+        assert_eq!(
+            acc.finish().messages[0],
+            json!({"role":"assistant","content":null,"refusal":null,
+                   "x_parts":[{"index":0,"type":"text_v2","text":"ab"},{"index":1,"type":"image","url":"u12"}],
+                   "x_tags":["p","q"],
+                   "x_seq":4})
+        );
+    }
+
+    #[test]
+    fn a_stream_framed_with_cr_and_a_bom_is_rebuilt() {
+        let body = sse(&[
+            json!({"id":"c3","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}),
+            json!({"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}),
+        ]);
+        let mut framed = "\u{FEFF}".as_bytes().to_vec();
+        framed.extend(body.iter().map(|&b| if b == b'\n' { b'\r' } else { b }));
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        for piece in framed.chunks(1) {
+            acc.feed(piece);
+        }
+        let reply = acc.finish();
+        assert_eq!(reply.id.as_deref(), Some("c3"));
+        assert_eq!(reply.messages[0]["content"], "Hello");
     }
 }
