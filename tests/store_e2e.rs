@@ -4,7 +4,7 @@
 //! [`Backend`], run twice by `on_both_backends!`: on a fresh SQLite file and on a fresh
 //! PostgreSQL database (`CTXPROXY_TEST_PG_URL`; skipped when unset unless `CI=true`).
 //! More behaviours live in `store_e2e/` (sessions and tenants, replies and failures,
-//! concurrency, the admin API).
+//! retried server-mode requests, concurrency, the admin API).
 
 mod common;
 
@@ -81,6 +81,8 @@ mod admin;
 mod concurrency;
 #[path = "store_e2e/replies.rs"]
 mod replies;
+#[path = "store_e2e/retries.rs"]
+mod retries;
 #[path = "store_e2e/sessions.rs"]
 mod sessions;
 

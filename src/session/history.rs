@@ -3,13 +3,19 @@
 //! `server` mode (and a known `previous_response_id`): the stored branch is prepended to the
 //! request's new messages, which are appended under it. A leading system message in such a
 //! request replaces the stored one for this request only.
+//!
+//! A server-mode request whose new messages are exactly the head branch's unanswered turn (the
+//! client messages stored after its last reply) is a retry of that turn, as clients resend a
+//! request that failed (the OpenAI SDKs do on 408/409/429/5xx and lost connections): nothing is
+//! stored, and the stored turn is sent once. In client mode, and under a `previous_response_id`,
+//! a retry needs no such rule: its messages chain to the ids already stored.
 
 use serde_json::Value;
 
 use crate::config::HistoryMode;
 use crate::conversation::{MessageId, chain_ids, message_id};
 use crate::error::Result;
-use crate::store::{Append, NewMessage, Origin, Store};
+use crate::store::{Append, NewMessage, Origin, Store, StoredMessage};
 
 /// The conversation assembled for one request.
 #[derive(Debug, Clone)]
@@ -62,10 +68,10 @@ pub async fn assemble(
     incoming: Incoming,
     write: bool,
 ) -> Result<Assembled> {
-    let stored = match stored_base(mode, base) {
-        None => Vec::new(),
-        Some(Base::Head) => store.head_branch(tenant, session).await?,
-        Some(Base::At(id)) => store.load_path(tenant, session, id).await?,
+    let (stored, on_head) = match stored_base(mode, base) {
+        None => (Vec::new(), false),
+        Some(Base::Head) => (store.head_branch(tenant, session).await?, true),
+        Some(Base::At(id)) => (store.load_path(tenant, session, id).await?, false),
     };
     if stored.is_empty() {
         if !write {
@@ -81,6 +87,12 @@ pub async fn assemble(
     let incoming = incoming.messages;
     let lead = incoming.iter().take_while(|m| is_instruction(m)).count();
     let (instructions, new) = incoming.split_at(lead);
+    // A retried turn is stored already, and is the end of the stored history: nothing is new.
+    let new = if on_head && is_unanswered_turn(&stored, new) {
+        &new[..0]
+    } else {
+        new
+    };
     let parent = stored.last().map(|m| m.id);
     let new_ids = {
         let mut ids = Vec::with_capacity(new.len());
@@ -92,7 +104,7 @@ pub async fn assemble(
         }
         ids
     };
-    if write {
+    if write && !new.is_empty() {
         store
             .append_messages(
                 tenant,
@@ -168,6 +180,32 @@ fn client_conversation(incoming: Incoming) -> Assembled {
         ids,
         only_incoming: true,
     }
+}
+
+/// Whether `new` (a server-mode request's messages after its leading instructions) is exactly
+/// the unanswered turn at the end of `stored`, the head branch: the client messages after its
+/// last stored reply, or after its leading instructions when it has none. Compared by chained
+/// ids, computed for `new` from the turn's parent, so equal means equal canonical messages at
+/// the same place in the tree. A message equal to one that was answered is not a retry: the
+/// turn after a reply starts empty.
+fn is_unanswered_turn(stored: &[StoredMessage], new: &[Value]) -> bool {
+    let start = match stored.iter().rposition(|m| m.origin == Origin::Reply) {
+        Some(reply) => reply + 1,
+        None => stored
+            .iter()
+            .take_while(|m| is_instruction(&m.body))
+            .count(),
+    };
+    let turn = &stored[start..];
+    if new.is_empty() || new.len() != turn.len() {
+        return false;
+    }
+    let mut parent = start.checked_sub(1).map(|i| stored[i].id);
+    turn.iter().zip(new).all(|(stored, m)| {
+        let id = message_id(parent.as_ref(), m);
+        parent = Some(id);
+        id == stored.id
+    })
 }
 
 fn chain_messages(bodies: Vec<Value>, ids: &[MessageId]) -> Vec<NewMessage> {
