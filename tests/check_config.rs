@@ -401,3 +401,66 @@ fn the_summary_counts_every_problem_and_no_warning() {
     assert_eq!(problem_lines(&out).len(), 7, "{out}");
     assert_eq!(out.lines().last(), Some("7 problems found"), "{out}");
 }
+
+/// `database.url` is checked too (a `serve` would fail on it), and the message never repeats
+/// the URL, which may hold a password.
+#[test]
+fn a_bad_database_url_is_a_problem_that_keeps_its_password_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("acme", "keys: any\n")]);
+    let text = std::fs::read_to_string(&server).unwrap();
+    for url in [
+        "postgres:u:SeCrEtPw@127.0.0.1/db",
+        "postgres//u:SeCrEtPw@127.0.0.1/db",
+        "mysql://u:SeCrEtPw@127.0.0.1/db",
+        "postgres://u:SeCrEtPw@127.0.0.1:port/db",
+        "sqlite://data/x.db?mode=bogus",
+    ] {
+        std::fs::write(&server, format!("{text}database:\n  url: \"{url}\"\n")).unwrap();
+        let (code, out) = check(&server);
+        assert_eq!(code, 1, "{url}: {out}");
+        assert!(out.contains("ctxproxy.yaml: database.url: "), "{url}: {out}");
+        assert!(!out.contains("SeCrEtPw"), "{url}: {out}");
+    }
+    // The same from the environment says so; a good URL there passes.
+    std::fs::write(&server, &text).unwrap();
+    let run = |url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+            .args(["check-config", "--config"])
+            .arg(&server)
+            .env("CTXPROXY_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    };
+    let out = run("mysql://u:SeCrEtPw@h/db");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("database.url (from CTXPROXY_DATABASE_URL): unsupported scheme 'mysql'"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("SeCrEtPw"), "{stdout}");
+    assert_eq!(run("postgres://u:pw@localhost/db").status.code(), Some(0));
+}
+
+/// `serve` refuses a malformed URL the same way, and does not print it either.
+#[test]
+fn serve_with_a_malformed_database_url_fails_without_printing_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("acme", "keys: any\n")]);
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["serve", "--config"])
+        .arg(&server)
+        .env("CTXPROXY_DATABASE_URL", "postgres:u:SeCrEtPw@127.0.0.1/db")
+        .env("CTXPROXY_LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    assert!(all.contains("database.url"), "{all}");
+    assert!(!all.contains("SeCrEtPw"), "{all}");
+}

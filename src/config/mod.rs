@@ -133,7 +133,18 @@ impl Config {
         // default; then a default one that is not there is no problem of its own.
         let guessed_dir =
             !problems.is_empty() && server.tenants_dir == ServerFile::default().tenants_dir;
-        apply_env_overrides(&mut server);
+        let url_from_env = apply_env_overrides(&mut server);
+        if let Err(e) = crate::store::check_url(&server.database.url) {
+            let from = if url_from_env {
+                format!(" (from {})", env::DATABASE_URL)
+            } else {
+                String::new()
+            };
+            problems.push(Problem {
+                file: file_label.clone(),
+                message: format!("database.url{from}: {e}"),
+            });
+        }
         for (pattern, _) in &server.models.0 {
             if let Err(e) = globset::Glob::new(pattern) {
                 problems.push(Problem {
@@ -300,7 +311,8 @@ fn read_yaml<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn apply_env_overrides(server: &mut ServerFile) {
+/// Applies the environment's overrides; true when the database URL came from it.
+fn apply_env_overrides(server: &mut ServerFile) -> bool {
     if let Ok(v) = std::env::var(env::LISTEN)
         && !v.is_empty()
     {
@@ -310,7 +322,9 @@ fn apply_env_overrides(server: &mut ServerFile) {
         && !v.is_empty()
     {
         server.database.url = v;
+        return true;
     }
+    false
 }
 
 fn build_tenant(

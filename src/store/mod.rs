@@ -41,15 +41,47 @@ use crate::{Error, Result};
 pub async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect(url, max_connections).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    } else if is_postgres(url) {
         Ok(Arc::new(
             PostgresStore::connect(url, max_connections).await?,
         ))
     } else {
-        Err(Error::Config(format!(
-            "database.url: unsupported scheme in '{}' (expected sqlite:// or postgres://)",
-            url.split("://").next().unwrap_or(url)
-        )))
+        Err(Error::Config(format!("database.url: {}", unsupported(url))))
+    }
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Why `url` names no store, without repeating it: past its scheme a URL may hold a password.
+fn unsupported(url: &str) -> String {
+    let scheme = url.split_once(':').map(|(s, _)| s).filter(|s| {
+        !s.is_empty()
+            && s.len() <= 16
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+    });
+    match scheme {
+        Some(s) => format!("unsupported scheme '{s}' (expected sqlite:// or postgres://)"),
+        None => "not a URL (expected sqlite://PATH or postgres://USER@HOST/DB)".to_string(),
+    }
+}
+
+/// Checks that `url` names a store this build can open, without opening it (what
+/// `check-config` can tell before a start). The message never repeats the URL.
+pub fn check_url(url: &str) -> std::result::Result<(), String> {
+    if url.starts_with("sqlite:") {
+        SqliteStore::check_url(url).map_err(|e| match e {
+            Error::StoreUnavailable(m) => m.trim_start_matches("database.url: ").to_string(),
+            other => other.to_string(),
+        })
+    } else if is_postgres(url) {
+        url.parse::<sqlx::postgres::PgConnectOptions>()
+            .map(|_| ())
+            .map_err(|e| format!("not a valid PostgreSQL URL: {e}"))
+    } else {
+        Err(unsupported(url))
     }
 }
 

@@ -57,11 +57,21 @@ impl SqliteStore {
     /// `max_connections` reader threads (at least 1, at most 4; none for an in-memory database).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let target = Target::parse(url)?;
+        if target.in_memory() {
+            tracing::warn!(
+                "database.url names an in-memory SQLite database: nothing is kept after a restart"
+            );
+        }
         let readers = max_connections.clamp(1, MAX_READERS) as usize;
         Ok(SqliteStore {
             threads: Threads::start(target, readers).await?,
             wakeups: Wakeups::default(),
         })
+    }
+
+    /// Checks a `sqlite:` URL without opening anything.
+    pub(super) fn check_url(url: &str) -> Result<()> {
+        Target::parse(url).map(|_| ())
     }
 
     async fn try_lease(
