@@ -419,7 +419,10 @@ fn a_bad_database_url_is_a_problem_that_keeps_its_password_secret() {
         std::fs::write(&server, format!("{text}database:\n  url: \"{url}\"\n")).unwrap();
         let (code, out) = check(&server);
         assert_eq!(code, 1, "{url}: {out}");
-        assert!(out.contains("ctxproxy.yaml: database.url: "), "{url}: {out}");
+        assert!(
+            out.contains("ctxproxy.yaml: database.url: "),
+            "{url}: {out}"
+        );
         assert!(!out.contains("SeCrEtPw"), "{url}: {out}");
     }
     // The same from the environment says so; a good URL there passes.

@@ -276,29 +276,21 @@ pub(super) async fn latest_summary(
     session: &str,
     leaf: Option<MessageId>,
 ) -> Result<Option<Summary>> {
-    // Walk ids only (no bodies) up from the leaf and pick the best summary anchored on the path.
-    let start = if leaf.is_some() {
-        "id = $3"
-    } else {
-        "id = (SELECT head_id FROM sessions WHERE tenant = $1 AND id = $2)"
-    };
+    // The best summary anchored on the path (ids only, no bodies).
+    let ids = super::tree::path_ids(pool, tenant, session, leaf).await?;
+    if ids.is_empty() {
+        return Ok(None);
+    }
     let sql = format!(
-        "WITH RECURSIVE path (id, parent_id) AS ( \
-           SELECT id, parent_id FROM messages WHERE tenant = $1 AND session_id = $2 AND {start} \
-           UNION ALL \
-           SELECT m.id, m.parent_id FROM messages m JOIN path p ON m.id = p.parent_id \
-           WHERE m.tenant = $1 AND m.session_id = $2) \
-         SELECT {SUMMARY_COLUMNS} FROM summaries x JOIN path p ON x.anchor_id = p.id \
-         WHERE x.tenant = $1 AND x.session_id = $2 \
+        "SELECT {SUMMARY_COLUMNS} FROM summaries x \
+         WHERE x.tenant = $1 AND x.session_id = $2 AND x.anchor_id = ANY($3) \
          ORDER BY x.covers_until DESC, x.created_at DESC, x.id DESC LIMIT 1"
     );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql))
+    sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(tenant)
-        .bind(session);
-    if let Some(leaf) = leaf {
-        q = q.bind(leaf.0.to_vec());
-    }
-    q.fetch_optional(pool)
+        .bind(session)
+        .bind(ids)
+        .fetch_optional(pool)
         .await?
         .as_ref()
         .map(summary_from_row)

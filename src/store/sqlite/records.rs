@@ -272,7 +272,8 @@ pub(super) fn latest_summary(
     session: &str,
     leaf: Option<MessageId>,
 ) -> Result<Option<Summary>> {
-    // Walk ids only (no bodies) up from the leaf and pick the best summary anchored on the path.
+    // Walk ids only (no bodies) up from the leaf and pick the best summary anchored on the path;
+    // `CROSS JOIN` keeps the parent lookup on the primary key (see `tree::path`).
     let start = if leaf.is_some() {
         "id = ?3"
     } else {
@@ -282,8 +283,8 @@ pub(super) fn latest_summary(
         "WITH RECURSIVE path (id, parent_id) AS ( \
            SELECT id, parent_id FROM messages WHERE tenant = ?1 AND session_id = ?2 AND {start} \
            UNION ALL \
-           SELECT m.id, m.parent_id FROM messages m JOIN path p ON m.id = p.parent_id \
-           WHERE m.tenant = ?1 AND m.session_id = ?2) \
+           SELECT m.id, m.parent_id FROM path p CROSS JOIN messages m \
+           ON m.tenant = ?1 AND m.session_id = ?2 AND m.id = p.parent_id) \
          SELECT {SUMMARY_COLUMNS} FROM summaries x JOIN path p ON x.anchor_id = p.id \
          WHERE x.tenant = ?1 AND x.session_id = ?2 \
          ORDER BY x.covers_until DESC, x.created_at DESC, x.id DESC LIMIT 1"
