@@ -442,6 +442,7 @@ async fn stalled_stream_ends_with_an_error_event() {
     let resp = client()
         .post(format!("{}/chat/completions", proxy.base_url()))
         .header("x-mock-hold-ms", "5000")
+        .header("x-session-id", "stalled")
         .json(
             &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
         )
@@ -454,6 +455,10 @@ async fn stalled_stream_ends_with_an_error_event() {
     assert!(data.len() >= 2, "{text}");
     let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "upstream_timeout", "{text}");
+    // The record says how the request ended, not the status its first byte carried.
+    proxy.wait_for_records("default", "stalled", 1).await;
+    let records = proxy.request_records("default", "stalled").await;
+    assert_eq!(records[0]["status"], 504, "{records:?}");
 }
 
 #[tokio::test]

@@ -466,6 +466,9 @@ async fn send(
                 if let Some(err) = &outcome.error {
                     tracing::warn!(error = %err, "stream ended early");
                 }
+                // The client saw a 200 and then an error event: the record, the access log and
+                // the metrics say how the request really ended.
+                let status = outcome.error.as_ref().map_or(status, |e| e.classify().0);
                 if outcome.client_gone {
                     tracing::info!("client went away mid-stream; upstream read to its end");
                 }
