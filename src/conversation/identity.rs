@@ -69,26 +69,27 @@ pub fn canonical(message: &Value) -> Value {
 /// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
 /// (and the Responses API's `input_text`/`output_text` parts) are the same message.
 fn canonical_content(content: &Value) -> Value {
-    match content {
-        Value::Array(parts) => {
-            let all_text = parts.iter().all(|p| {
-                matches!(
-                    p.get("type").and_then(Value::as_str),
-                    Some("text" | "input_text" | "output_text")
-                )
-            });
-            if all_text {
-                let text: String = parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect();
-                Value::String(text)
-            } else {
-                content.clone()
-            }
-        }
-        other => other.clone(),
-    }
+    parts_text(content).map_or_else(|| content.clone(), Value::String)
+}
+
+/// The text of a content array made only of text parts; `None` for anything else, which the
+/// canonical form keeps as it is.
+fn parts_text(content: &Value) -> Option<String> {
+    let Value::Array(parts) = content else {
+        return None;
+    };
+    let all_text = parts.iter().all(|p| {
+        matches!(
+            p.get("type").and_then(Value::as_str),
+            Some("text" | "input_text" | "output_text")
+        )
+    });
+    all_text.then(|| {
+        parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect()
+    })
 }
 
 fn canonical_tool_call(call: &Value) -> Value {
@@ -128,8 +129,9 @@ impl Serialize for CanonicalForm<'_> {
         };
         let field = |key: &str| obj.get(key).filter(|v| !is_empty(v));
         let content = field("content");
-        // Only a parts array is reduced (to its text, when that is all it holds).
-        let reduced = content.filter(|c| c.is_array()).map(canonical_content);
+        // A parts array of text only is reduced to its text; anything else is written as is
+        // (an image part is not copied to be hashed).
+        let reduced = content.and_then(parts_text);
         let calls = match obj.get("tool_calls") {
             Some(Value::Array(calls)) if !calls.is_empty() => Some(calls),
             _ => None,
