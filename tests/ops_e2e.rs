@@ -252,10 +252,56 @@ async fn tenant_files_reload_while_serving() {
     assert!(works, "the new tenant's key never selected it");
 }
 
-#[tokio::test]
-async fn no_key_or_authorization_value_appears_in_logs() {
+/// Starts the `ctxproxy` binary on a free port with `config`, its output going to `log_path`;
+/// returns the child (killed on drop) and its base URL once `/readyz` answers 200.
+async fn spawn_binary(
+    config: &std::path::Path,
+    log_path: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String) {
     use std::process::Stdio;
 
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("CTXPROXY_LISTEN", format!("127.0.0.1:{port}"))
+        .envs(env.iter().copied())
+        .stdout(Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = client();
+    for _ in 0..200 {
+        if http
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return (child, base);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the proxy binary did not become ready: {}",
+        std::fs::read_to_string(log_path).unwrap_or_default()
+    );
+}
+
+#[tokio::test]
+async fn no_key_or_authorization_value_appears_in_logs() {
     let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
     let dir = tempfile::tempdir().unwrap();
     use sha2::Digest;
@@ -269,42 +315,19 @@ async fn no_key_or_authorization_value_appears_in_logs() {
         )
         .tenant("open", "keys: any\nupstream:\n  base_url: {upstream}\n");
     let config = write_config(dir.path(), &opts, &mock.base_url());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     // Logs go to a file: a trace-level pipe nobody drains would block the proxy.
     let log_path = dir.path().join("proxy.log");
-    let log_file = std::fs::File::create(&log_path).unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .env("CTXPROXY_LISTEN", format!("127.0.0.1:{port}"))
-        .env("CTXPROXY_LOG", "trace")
-        .env("CTXPROXY_LOGTEST_UPSTREAM_KEY", upstream_key)
-        .env("CTXPROXY_ADMIN_TOKEN", "admin-SECRET-token-555")
-        .stdout(Stdio::from(log_file.try_clone().unwrap()))
-        .stderr(Stdio::from(log_file))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
+    let (mut child, base) = spawn_binary(
+        &config,
+        &log_path,
+        &[
+            ("CTXPROXY_LOG", "trace"),
+            ("CTXPROXY_LOGTEST_UPSTREAM_KEY", upstream_key),
+            ("CTXPROXY_ADMIN_TOKEN", "admin-SECRET-token-555"),
+        ],
+    )
+    .await;
     let http = client();
-    let mut up = false;
-    for _ in 0..200 {
-        if http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the proxy binary did not become ready");
     let any_key = "sk-any-ANYSECRET-777";
     for (key, stream) in [
         (client_key, false),
@@ -351,4 +374,71 @@ async fn no_key_or_authorization_value_appears_in_logs() {
         !logs.to_ascii_lowercase().contains("bearer "),
         "an Authorization value leaked"
     );
+}
+
+/// A proxy killed (SIGKILL) while it holds a session's lease leaves the lease in the SQLite
+/// file; the next process to open the file is the only one, so it clears it and the session
+/// goes on at once. Without that, the lease blocks the session until it expires (30 s), longer
+/// than this tenant lets a request wait for it (`timeout_s: 3`): the turn would be a 409.
+#[tokio::test]
+async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
+    let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ProxyOptions::default().only_tenant(
+        "default",
+        "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 3\n",
+    );
+    let config = write_config(dir.path(), &opts, &mock.base_url());
+    let log_path = dir.path().join("proxy.log");
+    let env = [("CTXPROXY_ADMIN_TOKEN", "admin-token")];
+    let (mut first, base) = spawn_binary(&config, &log_path, &env).await;
+    let http = client();
+    // The mock sends one event and holds the stream open: the lease is held while it lasts.
+    let mut held = http
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-session-id", "s-killed")
+        .header("x-mock-hold-ms", "60000")
+        .json(&json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "first"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    held.chunk().await.unwrap().expect("the first event");
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    drop(held);
+
+    let (_second, base) = spawn_binary(&config, &log_path, &env).await;
+    let resp = http
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-session-id", "s-killed")
+        .json(&json!({"model": "m", "messages": [
+            {"role": "user", "content": "first"},
+            {"role": "user", "content": "second"}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    // What the killed process had committed is still there, and the new turn went on from it.
+    let stored: serde_json::Value = http
+        .get(format!(
+            "{base}/ctxproxy/v1/sessions/default/s-killed/messages"
+        ))
+        .bearer_auth("admin-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let contents: Vec<&str> = stored
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(contents, ["first", "second", "ok: 2 messages"], "{stored}");
 }

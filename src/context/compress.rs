@@ -86,12 +86,11 @@ fn compress_counted(
         return None;
     }
     let trimmed = text.trim_start();
-    if trimmed.starts_with('{') || trimmed.starts_with('[') {
-        if let Ok(value) = serde_json::from_str::<Value>(text) {
-            if let Some(out) = compress_json(encoding, &value, max_tokens) {
-                return Some(out);
-            }
-        }
+    if (trimmed.starts_with('{') || trimmed.starts_with('['))
+        && let Ok(value) = serde_json::from_str::<Value>(text)
+        && let Some(out) = compress_json(encoding, &value, max_tokens)
+    {
+        return Some(out);
     }
     Some(compress_plain(encoding, text, tokens, max_tokens))
 }

@@ -211,14 +211,14 @@ pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Re
 /// `input.messages`.
 pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Plan> {
     let encoding = input.model.encoding;
-    if let Some(ids) = input.ids {
-        if ids.len() != input.messages.len() {
-            return Err(Error::Internal(format!(
-                "pipeline given {} message ids for {} messages",
-                ids.len(),
-                input.messages.len()
-            )));
-        }
+    if let Some(ids) = input.ids
+        && ids.len() != input.messages.len()
+    {
+        return Err(Error::Internal(format!(
+            "pipeline given {} message ids for {} messages",
+            ids.len(),
+            input.messages.len()
+        )));
     }
     let tools_tokens = input.tools.map_or(0, |t| counter.tools(encoding, t));
     let history_end = current_turn_start(input.messages);

@@ -20,6 +20,7 @@
 //! correctly. Column encodings are those the sqlx version wrote (ids as BLOBs, times as integer
 //! unix milliseconds, JSON as TEXT, booleans as 0/1), so its databases open unchanged.
 
+mod instances;
 mod open;
 mod records;
 mod threads;
@@ -50,6 +51,8 @@ const MAX_READERS: u32 = 4;
 pub struct SqliteStore {
     threads: Threads,
     wakeups: Wakeups,
+    /// Held while the store is open, so other processes see this one (`instances.rs`).
+    _instance: Option<instances::Instance>,
 }
 
 impl SqliteStore {
@@ -63,9 +66,33 @@ impl SqliteStore {
             );
         }
         let readers = max_connections.clamp(1, MAX_READERS) as usize;
+        target.create_dir()?;
+        let opened = match target.writable_file() {
+            Some(path) => {
+                let path = path.to_owned();
+                // `flock` may wait for a process between its two locks: not on a worker.
+                let opened = tokio::task::spawn_blocking(move || instances::open(&path))
+                    .await
+                    .map_err(|e| Error::Internal(format!("instance lock task failed: {e}")))??;
+                Some(opened)
+            }
+            None => None,
+        };
+        let threads = Threads::start(target, readers).await?;
+        let alone = opened.as_ref().is_some_and(|o| o.alone);
+        if alone {
+            let cleared = threads.write(instances::clear_leases).await?;
+            if cleared > 0 {
+                tracing::info!(
+                    sessions = cleared,
+                    "cleared the session leases a stopped process left behind"
+                );
+            }
+        }
         Ok(SqliteStore {
-            threads: Threads::start(target, readers).await?,
+            threads,
             wakeups: Wakeups::default(),
+            _instance: opened.map(|o| o.instance),
         })
     }
 

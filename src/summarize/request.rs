@@ -77,10 +77,10 @@ impl SummaryRequest<'_> {
     /// One message as transcript lines.
     fn transcribe(&self, m: &Message, out: &mut String) {
         let mut text = m.text_content();
-        if m.role == Role::Tool || m.role == Role::Function {
-            if let Some(short) = compress(self.encoding, &text, self.tool_tokens) {
-                text = short;
-            }
+        if (m.role == Role::Tool || m.role == Role::Function)
+            && let Some(short) = compress(self.encoding, &text, self.tool_tokens)
+        {
+            text = short;
         }
         let who = match (&m.role, &m.name) {
             (Role::Tool, _) => match &m.tool_call_id {

@@ -91,17 +91,21 @@ impl Target {
         self.in_memory
     }
 
-    /// Opens the connection that writes (and runs the migrations): creates the file and its
-    /// directory if needed and switches the file to WAL. Runs on the writer thread.
-    pub(super) fn open_writer(&self) -> Result<Connection> {
-        if !self.in_memory && !self.read_only {
-            let dir = std::path::Path::new(&self.location).parent();
-            if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    Error::StoreUnavailable(format!("cannot create {}: {e}", dir.display()))
-                })?;
-            }
+    /// Creates the directory of a writable file database if it is missing.
+    pub(super) fn create_dir(&self) -> Result<()> {
+        let dir = self.writable_file().and_then(std::path::Path::parent);
+        if let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::StoreUnavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
         }
+        Ok(())
+    }
+
+    /// Opens the connection that writes (and runs the migrations): creates the file if needed
+    /// (its directory exists: [`Target::create_dir`]) and switches it to WAL. Runs on the
+    /// writer thread.
+    pub(super) fn open_writer(&self) -> Result<Connection> {
         let conn = self.open(WRITER_CACHE_KIB)?;
         if !self.in_memory && !self.read_only {
             let _mode: String =
@@ -112,6 +116,11 @@ impl Target {
             conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
         }
         Ok(conn)
+    }
+
+    /// The file a writable file database lives in (`None` in memory or read-only).
+    pub(super) fn writable_file(&self) -> Option<&std::path::Path> {
+        (!self.in_memory && !self.read_only).then(|| std::path::Path::new(&self.location))
     }
 
     /// Whether the database was opened read-only (`mode=ro`).
