@@ -252,58 +252,9 @@ async fn tenant_files_reload_while_serving() {
     assert!(works, "the new tenant's key never selected it");
 }
 
-/// Starts the `ctxproxy` binary on a free port with `config`, its output going to `log_path`;
-/// returns the child (killed on drop) and its base URL once `/readyz` answers 200.
-async fn spawn_binary(
-    config: &std::path::Path,
-    log_path: &std::path::Path,
-    env: &[(&str, &str)],
-) -> (tokio::process::Child, String) {
-    use std::process::Stdio;
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path)
-        .unwrap();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .env("CTXPROXY_LISTEN", format!("127.0.0.1:{port}"))
-        .envs(env.iter().copied())
-        .stdout(Stdio::from(log_file.try_clone().unwrap()))
-        .stderr(Stdio::from(log_file))
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let http = client();
-    for _ in 0..200 {
-        if http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            return (child, base);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!(
-        "the proxy binary did not become ready: {}",
-        std::fs::read_to_string(log_path).unwrap_or_default()
-    );
-}
-
 #[tokio::test]
 async fn no_key_or_authorization_value_appears_in_logs() {
     let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
-    let dir = tempfile::tempdir().unwrap();
     use sha2::Digest;
     let client_key = "sk-proxy-CLIENTSECRET-1234567890";
     let upstream_key = "sk-upstream-UPSTREAMSECRET-0987654321";
@@ -314,12 +265,9 @@ async fn no_key_or_authorization_value_appears_in_logs() {
             &format!("keys:\n  - sha256: {hash}\nupstream:\n  base_url: {{upstream}}\n  api_key_env: CTXPROXY_LOGTEST_UPSTREAM_KEY\n"),
         )
         .tenant("open", "keys: any\nupstream:\n  base_url: {upstream}\n");
-    let config = write_config(dir.path(), &opts, &mock.base_url());
-    // Logs go to a file: a trace-level pipe nobody drains would block the proxy.
-    let log_path = dir.path().join("proxy.log");
-    let (mut child, base) = spawn_binary(
-        &config,
-        &log_path,
+    let proxy = BinaryProxy::start_with(
+        &opts,
+        &mock.base_url(),
         &[
             ("CTXPROXY_LOG", "trace"),
             ("CTXPROXY_LOGTEST_UPSTREAM_KEY", upstream_key),
@@ -327,6 +275,7 @@ async fn no_key_or_authorization_value_appears_in_logs() {
         ],
     )
     .await;
+    let base = format!("http://{}", proxy.addr);
     let http = client();
     let any_key = "sk-any-ANYSECRET-777";
     for (key, stream) in [
@@ -355,9 +304,8 @@ async fn no_key_or_authorization_value_appears_in_logs() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    child.start_kill().unwrap();
-    let _ = child.wait().await;
-    let logs = std::fs::read_to_string(&log_path).unwrap();
+    let logs = proxy.log();
+    proxy.stop().await;
     assert!(logs.contains("request"), "logs were captured: {logs}");
     // Written to a file, not a terminal: plain text, no colour escapes.
     assert!(!logs.contains('\u{1b}'), "ANSI escapes in a log file");
@@ -383,19 +331,15 @@ async fn no_key_or_authorization_value_appears_in_logs() {
 #[tokio::test]
 async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
     let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
-    let dir = tempfile::tempdir().unwrap();
     let opts = ProxyOptions::default().only_tenant(
         "default",
         "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 3\n",
     );
-    let config = write_config(dir.path(), &opts, &mock.base_url());
-    let log_path = dir.path().join("proxy.log");
-    let env = [("CTXPROXY_ADMIN_TOKEN", "admin-token")];
-    let (mut first, base) = spawn_binary(&config, &log_path, &env).await;
+    let mut proxy = BinaryProxy::start(&opts, &mock.base_url()).await;
     let http = client();
     // The mock sends one event and holds the stream open: the lease is held while it lasts.
     let mut held = http
-        .post(format!("{base}/v1/chat/completions"))
+        .post(format!("{}/chat/completions", proxy.base_url()))
         .header("x-session-id", "s-killed")
         .header("x-mock-hold-ms", "60000")
         .json(&json!({"model": "m", "stream": true,
@@ -405,13 +349,11 @@ async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
         .unwrap();
     assert_eq!(held.status(), 200);
     held.chunk().await.unwrap().expect("the first event");
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
+    proxy.kill_and_restart().await;
     drop(held);
 
-    let (_second, base) = spawn_binary(&config, &log_path, &env).await;
     let resp = http
-        .post(format!("{base}/v1/chat/completions"))
+        .post(format!("{}/chat/completions", proxy.base_url()))
         .header("x-session-id", "s-killed")
         .json(&json!({"model": "m", "messages": [
             {"role": "user", "content": "first"},
@@ -424,10 +366,8 @@ async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
     assert_eq!(status, 200, "{body}");
     // What the killed process had committed is still there, and the new turn went on from it.
     let stored: serde_json::Value = http
-        .get(format!(
-            "{base}/ctxproxy/v1/sessions/default/s-killed/messages"
-        ))
-        .bearer_auth("admin-token")
+        .get(proxy.url("/ctxproxy/v1/sessions/default/s-killed/messages"))
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap()

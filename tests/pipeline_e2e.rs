@@ -221,10 +221,22 @@ async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
+    // The message is stored under a new session by now: the answer names it, as any other.
+    let session = resp
+        .headers()
+        .get("x-ctxproxy-session")
+        .expect("a refused request still names its session")
+        .to_str()
+        .unwrap()
+        .to_string();
     let v: Value = resp.json().await.unwrap();
     let err = assert_openai_error(&v);
     assert_eq!(err["code"], "context_length_exceeded");
     assert_eq!(err["param"], "messages");
+    assert_eq!(proxy.stored_messages("default", &session).await.len(), 1);
+    let records = proxy.request_records("default", &session).await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["status"], 400);
 
     // The Responses API names its own field.
     let resp = client()

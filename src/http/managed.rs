@@ -109,6 +109,7 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
         request_id: request_id.clone(),
         started: Instant::now(),
         upstream: None,
+        session: None,
     };
     // Tracked, so that shutdown waits (within its grace) for the work of a request whose client
     // has already gone: its reply is still read and stored (SPEC 4.2).
@@ -135,6 +136,9 @@ struct AccessLog {
     started: Instant,
     /// When the upstream call started and when its last byte came.
     upstream: Option<(Instant, Option<Instant>)>,
+    /// The session, once resolved: every answer from then on names it, errors included (the
+    /// request's messages are stored under it by then).
+    session: Option<String>,
 }
 
 impl AccessLog {
@@ -169,7 +173,7 @@ async fn handle(
     mut log: AccessLog,
 ) -> Response {
     let config = state.config.load_full();
-    match forward(&state, &config, &headers, body, &mut log).await {
+    let mut response = match forward(&state, &config, &headers, body, &mut log).await {
         Ok(Answer::Complete(response)) => {
             log.write(response.status());
             response
@@ -181,7 +185,11 @@ async fn handle(
             log.write(response.status());
             response
         }
+    };
+    if let Some(v) = log.session.and_then(|s| HeaderValue::from_str(&s).ok()) {
+        response.headers_mut().insert(SESSION_HEADER, v);
     }
+    response
 }
 
 /// An answer ready to return: complete, or a stream still being relayed.
@@ -222,18 +230,11 @@ async fn forward(
     log.tenant = Some(tenant.name.clone());
     let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
     let call = Call::parse(log.endpoint, &bytes)?;
+    let param = log.endpoint.conversation_param();
     let prepared = prepare(state, config, &selected, client_headers, call, log)
         .await
-        .map_err(|e| e.with_conversation_param(log.endpoint.conversation_param()))?;
-    let session_id = prepared.completion.session.clone();
-    let mut answer = send(state, &selected, client_headers, prepared, log).await?;
-    let response = match &mut answer {
-        Answer::Complete(r) | Answer::Streaming(r) => r,
-    };
-    if let Ok(v) = HeaderValue::from_str(&session_id) {
-        response.headers_mut().insert(SESSION_HEADER, v);
-    }
-    Ok(answer)
+        .map_err(|e| e.with_conversation_param(param))?;
+    send(state, &selected, client_headers, prepared, log).await
 }
 
 /// Resolves the session, stores the new messages and rewrites the conversation.
@@ -243,7 +244,7 @@ async fn prepare(
     selected: &Selected,
     headers: &HeaderMap,
     mut call: Call,
-    log: &AccessLog,
+    log: &mut AccessLog,
 ) -> Result<Prepared> {
     let tenant = &selected.tenant;
     let store = state.store.as_ref();
@@ -297,6 +298,7 @@ async fn prepare(
         },
     )
     .await?;
+    log.session = Some(resolved.id.clone());
     if resolved.anchor.is_some() {
         call.clear_previous_response_id();
     }
@@ -368,23 +370,34 @@ async fn prepare(
     let (opened, rewritten) = tokio::join!(biased; opening, rewrite);
     // A store failure is reported before a rewrite error, as if they had run in turn.
     let lock = opened?;
-    let rewritten = rewritten?;
-    let reply_parent = assembled.reply_parent;
-    let report = rewritten.report;
-    let summary_job = rewritten.summary_job;
     let completion = Completion {
         state: state.clone(),
         tenant: tenant.name.clone(),
         session: resolved.id,
         lock: Some(lock),
-        reply_parent,
+        reply_parent: assembled.reply_parent,
         endpoint: log.endpoint,
         model: call.model().to_string(),
         request_id: log.request_id.clone(),
-        report: report.clone(),
+        report: None,
         started: log.started,
         allowed: (!tenant.file.tools.roles.is_empty()).then(|| allowed.clone()),
-        summary_job,
+        summary_job: None,
+    };
+    let rewritten = match rewritten {
+        Ok(r) => r,
+        Err(e) => {
+            // Refused with the turn already stored (e.g. over the model's context window): the
+            // record says so, as for any request that reached the store, and frees the session.
+            completion.finish(e.classify().0, None, None).await;
+            return Err(e);
+        }
+    };
+    let report = rewritten.report;
+    let completion = Completion {
+        report: report.clone(),
+        summary_job: rewritten.summary_job,
+        ..completion
     };
     Ok(Prepared {
         call,

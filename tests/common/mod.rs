@@ -269,45 +269,52 @@ pub fn free_port() -> u16 {
 }
 
 /// The real `ctxproxy` binary (`serve --config`) as a child process, with its own config folder
-/// written by [`write_config`]; killed when dropped.
+/// written by [`write_config`]; killed when dropped. Its output goes to `ctxproxy.log` in that
+/// folder.
 pub struct BinaryProxy {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
+    config: PathBuf,
+    env: Vec<(String, String)>,
     child: tokio::process::Child,
 }
 
 impl BinaryProxy {
     /// Starts the binary with `opts` in front of `upstream` and waits (bounded) for `/readyz`.
     pub async fn start(opts: &ProxyOptions, upstream: &str) -> BinaryProxy {
+        BinaryProxy::start_with(opts, upstream, &[]).await
+    }
+
+    /// Like [`BinaryProxy::start`], with extra environment variables (they win over the
+    /// defaults: `CTXPROXY_ADMIN_TOKEN`, `CTXPROXY_LOG=warn`).
+    pub async fn start_with(
+        opts: &ProxyOptions,
+        upstream: &str,
+        env: &[(&str, &str)],
+    ) -> BinaryProxy {
         let dir = tempfile::tempdir().unwrap();
         let config = write_config(dir.path(), opts, upstream);
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let log = std::fs::File::create(dir.path().join("ctxproxy.log")).unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .env("CTXPROXY_LISTEN", addr.to_string())
-            .env("CTXPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
-            .env("CTXPROXY_LOG", "warn")
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the ctxproxy binary");
-        let proxy = BinaryProxy { addr, dir, child };
-        let http = client();
-        for _ in 0..300 {
-            if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
-                && r.status() == 200
-            {
-                return proxy;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (addr, child) = spawn_ready(dir.path(), &config, &env).await;
+        BinaryProxy {
+            addr,
+            dir,
+            config,
+            env,
+            child,
         }
-        let log =
-            std::fs::read_to_string(proxy.dir.path().join("ctxproxy.log")).unwrap_or_default();
-        panic!("the ctxproxy binary never became ready on {addr}; its log:\n{log}");
+    }
+
+    /// Kills the process outright (SIGKILL: no shutdown, as in a crash) and starts a new one
+    /// on the same config folder and database, on a new port.
+    pub async fn kill_and_restart(&mut self) {
+        self.child.kill().await.unwrap();
+        let (addr, child) = spawn_ready(self.dir.path(), &self.config, &self.env).await;
+        self.addr = addr;
+        self.child = child;
     }
 
     /// `http://addr/v1`, what a client uses as its base URL.
@@ -315,10 +322,60 @@ impl BinaryProxy {
         format!("http://{}/v1", self.addr)
     }
 
+    /// `http://addr` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Everything the process (and earlier ones on this folder) wrote.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("ctxproxy.log")).unwrap_or_default()
+    }
+
     /// Stops the child (it is ours: started by this helper).
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
+}
+
+/// Starts `ctxproxy serve --config config` on a free port, output appended to `dir/ctxproxy.log`,
+/// and waits (bounded) until `/readyz` answers 200.
+async fn spawn_ready(
+    dir: &Path,
+    config: &Path,
+    env: &[(String, String)],
+) -> (SocketAddr, tokio::process::Child) {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let log_path = dir.join("ctxproxy.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .unwrap();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .env("CTXPROXY_LISTEN", addr.to_string())
+        .env("CTXPROXY_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("CTXPROXY_LOG", "warn")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the ctxproxy binary");
+    let http = client();
+    for _ in 0..300 {
+        if let Ok(r) = http.get(format!("http://{addr}/readyz")).send().await
+            && r.status() == 200
+        {
+            return (addr, child);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    panic!("the ctxproxy binary never became ready on {addr}; its log:\n{log}");
 }
 
 /// The venv's python for the SDK tests (`CTXPROXY_TEST_PYTHON`, made by `.ci/run`), or `None`
