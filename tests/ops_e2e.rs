@@ -174,6 +174,23 @@ fn window_tenant(max: usize) -> String {
     )
 }
 
+/// Waits (bounded) until a request with `key` gets `expected` from [`tool_results_sent`]:
+/// a reload is picked up within a poll of the files.
+async fn wait_until_sent(
+    proxy: &Proxy,
+    mock: &ctxproxy::mock_upstream::MockHandle,
+    key: &str,
+    expected: (u16, usize),
+) -> bool {
+    for _ in 0..100 {
+        if tool_results_sent(proxy, mock, key).await == expected {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn tenant_files_reload_while_serving() {
     let opts = ProxyOptions::default().only_tenant("default", &window_tenant(2));
@@ -187,15 +204,10 @@ async fn tenant_files_reload_while_serving() {
         window_tenant(1).replace("{upstream}", &mock.base_url()),
     )
     .unwrap();
-    let mut reloaded = false;
-    for _ in 0..100 {
-        if tool_results_sent(&proxy, &mock, "k").await == (200, 1) {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(reloaded, "the new tool_call_window.max was never used");
+    assert!(
+        wait_until_sent(&proxy, &mock, "k", (200, 1)).await,
+        "the new tool_call_window.max was never used"
+    );
 
     // A broken file keeps the last good configuration and counts an error.
     let errors_before = sample(
@@ -241,15 +253,53 @@ async fn tenant_files_reload_while_serving() {
         format!("keys:\n  - sha256: {hash}\nupstream:\n  base_url: {}\n  api_key_env: HOME\npolicy:\n  tool_call_window:\n    max: 0\n", mock.base_url()),
     )
     .unwrap();
-    let mut works = false;
-    for _ in 0..100 {
-        if tool_results_sent(&proxy, &mock, "sk-new-tenant").await == (200, 0) {
-            works = true;
-            break;
+    assert!(
+        wait_until_sent(&proxy, &mock, "sk-new-tenant", (200, 0)).await,
+        "the new tenant's key never selected it"
+    );
+}
+
+/// Kubernetes mounts a ConfigMap as `acme.yaml -> ..data/acme.yaml` and updates it by swapping
+/// the `..data` symlink; and a tenants folder may be deleted and made again. Both are reloads.
+#[tokio::test]
+async fn tenant_files_reload_after_a_symlink_swap_and_a_recreated_folder() {
+    use std::os::unix::fs::symlink;
+
+    let opts = ProxyOptions::default().only_tenant("default", &window_tenant(3));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let tenants = proxy.dir.path().join("tenants");
+    let tenant = |max| window_tenant(max).replace("{upstream}", &mock.base_url());
+    assert_eq!(tool_results_sent(&proxy, &mock, "k").await, (200, 3));
+
+    // The ConfigMap layout, then an update of it the way the kubelet does one.
+    for (version, max) in [("..v1", 1), ("..v2", 0)] {
+        std::fs::create_dir(tenants.join(version)).unwrap();
+        std::fs::write(tenants.join(version).join("default.yaml"), tenant(max)).unwrap();
+        symlink(version, tenants.join("..data_tmp")).unwrap();
+        std::fs::rename(tenants.join("..data_tmp"), tenants.join("..data")).unwrap();
+        if version == "..v1" {
+            std::fs::remove_file(tenants.join("default.yaml")).unwrap();
+            symlink("..data/default.yaml", tenants.join("default.yaml")).unwrap();
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            wait_until_sent(&proxy, &mock, "k", (200, max)).await,
+            "the swap to {version} was never picked up"
+        );
     }
-    assert!(works, "the new tenant's key never selected it");
+
+    // The folder deleted and made again: the change is seen, and so are later ones.
+    std::fs::remove_dir_all(&tenants).unwrap();
+    std::fs::create_dir(&tenants).unwrap();
+    std::fs::write(tenants.join("default.yaml"), tenant(1)).unwrap();
+    assert!(
+        wait_until_sent(&proxy, &mock, "k", (200, 1)).await,
+        "the recreated folder was never read"
+    );
+    std::fs::write(tenants.join("default.yaml"), tenant(2)).unwrap();
+    assert!(
+        wait_until_sent(&proxy, &mock, "k", (200, 2)).await,
+        "an edit after the folder was recreated was never picked up"
+    );
 }
 
 #[tokio::test]
