@@ -467,3 +467,53 @@ fn serve_with_a_malformed_database_url_fails_without_printing_it() {
     assert!(all.contains("database.url"), "{all}");
     assert!(!all.contains("SeCrEtPw"), "{all}");
 }
+
+#[test]
+fn two_files_naming_one_tenant_are_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("acme", "keys: any\n")]);
+    std::fs::write(
+        dir.path().join("tenants/acme.yml"),
+        "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n",
+    )
+    .unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        has_line_starting(
+            &out,
+            "tenants/acme.yml: the tenant `acme` is already defined by tenants/acme.yaml"
+        ),
+        "{out}"
+    );
+}
+
+/// An upstream key no HTTP header can carry would be silently left out of every request; the
+/// problem names the variable, never its value.
+#[test]
+fn an_upstream_key_with_a_control_character_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\nupstream:\n  api_key_env: CTXPROXY_CHECK_CONFIG_BAD_KEY\n",
+        )],
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["check-config", "--config"])
+        .arg(&server)
+        .env("CTXPROXY_CHECK_CONFIG_BAD_KEY", "sk-up\nSECRETPART\n")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        has_line_starting(
+            &text,
+            "tenants/acme.yaml: upstream.api_key_env: the value of CTXPROXY_CHECK_CONFIG_BAD_KEY cannot be sent"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("SECRETPART"), "{text}");
+}

@@ -144,7 +144,8 @@ async fn passthrough_keeps_method_path_query_headers_and_body() {
 #[tokio::test]
 async fn keyed_tenant_swaps_in_its_upstream_key() {
     // SAFETY: set once before any request reads it; the variable is used by this test only.
-    unsafe { std::env::set_var("CTXPROXY_E2E_UPSTREAM_KEY", "sk-upstream-secret") };
+    // The newline is how a secret mounted from a file reads: it is not part of the key.
+    unsafe { std::env::set_var("CTXPROXY_E2E_UPSTREAM_KEY", "sk-upstream-secret\n") };
     let opts = ProxyOptions::default().only_tenant(
         "acme",
         &KEYED.replace("{hash}", &sha256_hex("sk-proxy-acme")),

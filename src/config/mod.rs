@@ -180,6 +180,9 @@ impl Config {
             .ok()
             .filter(|s| !s.is_empty());
         let mut tenants = Vec::new();
+        // The stem is the tenant's name: `acme.yaml` and `acme.yml` would be two tenants sharing
+        // one name, and so one set of sessions.
+        let mut stems: HashMap<String, String> = HashMap::new();
         for file in files {
             let name = file
                 .file_stem()
@@ -189,6 +192,16 @@ impl Config {
                 "{dir_label}/{}",
                 file.file_name().unwrap_or_default().to_string_lossy()
             );
+            if let Some(first) = stems.get(&name) {
+                problems.push(Problem {
+                    file: label.clone(),
+                    message: format!(
+                        "the tenant `{name}` is already defined by {first}; a tenant is named by its file name without the extension"
+                    ),
+                });
+                continue;
+            }
+            stems.insert(name.clone(), label.clone());
             // A file with problems still goes on to the checks below with what of it could be
             // read, so its other problems and warnings are reported in the same run.
             if let Some(tf) = read_yaml::<TenantFile>(&file, &label, &mut problems) {
@@ -356,10 +369,23 @@ fn build_tenant(
     // that is named but unset is most likely a deployment mistake, so it is a warning, not a
     // problem: check-config runs where the secret often is not, and the tenant still loads.
     let upstream_key = file.upstream.api_key_env.as_ref().and_then(|var| {
-        let value = std::env::var(var).ok().filter(|v| !v.is_empty());
+        // Secrets mounted from files usually end in a newline, which no header may carry.
+        let value = std::env::var(var)
+            .ok()
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty());
         if value.is_none() && matches!(file.keys, Keys::Listed(_)) {
             warnings.push(problem(format!(
                 "upstream.api_key_env: the variable {var} is not set; requests will reach the upstream without a key"
+            )));
+        }
+        // Never quoted: the message must not carry any part of the secret.
+        if value
+            .as_ref()
+            .is_some_and(|v| axum::http::HeaderValue::from_str(&format!("Bearer {v}")).is_err())
+        {
+            problems.push(problem(format!(
+                "upstream.api_key_env: the value of {var} cannot be sent in an HTTP header (it holds a control or non-ASCII character)"
             )));
         }
         value
