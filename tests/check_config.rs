@@ -517,3 +517,30 @@ fn an_upstream_key_with_a_control_character_is_a_problem() {
     );
     assert!(!text.contains("SECRETPART"), "{text}");
 }
+
+/// `serve` cannot start on an address that does not parse, and a session header that is no
+/// header name can never match: check-config says so rather than `ok`.
+#[test]
+fn an_unusable_listen_address_or_session_header_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[("acme", "keys: any\nsession:\n  header: bad header name\n")],
+    );
+    let text = std::fs::read_to_string(&server).unwrap();
+    std::fs::write(&server, format!("{text}server:\n  listen: 127.0.0.1:99999\n")).unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("ctxproxy.yaml: server.listen: expected an address")),
+        "{out}"
+    );
+    assert!(
+        has_line(
+            &out,
+            "tenants/acme.yaml: session.header: `bad header name` is not a valid HTTP header name"
+        ),
+        "{out}"
+    );
+}

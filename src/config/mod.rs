@@ -145,6 +145,19 @@ impl Config {
                 message: format!("database.url{from}: {e}"),
             });
         }
+        if let Err(e) = server.server.listen.parse::<std::net::SocketAddr>() {
+            let from = if std::env::var(env::LISTEN).is_ok_and(|v| !v.is_empty()) {
+                format!(" (from {})", env::LISTEN)
+            } else {
+                String::new()
+            };
+            problems.push(Problem {
+                file: file_label.clone(),
+                message: format!(
+                    "server.listen{from}: expected an address such as 127.0.0.1:8080 ({e})"
+                ),
+            });
+        }
         for (pattern, _) in &server.models.0 {
             if let Err(e) = globset::Glob::new(pattern) {
                 problems.push(Problem {
@@ -357,6 +370,13 @@ fn build_tenant(
         warnings.push(problem(
             "keys: the list is empty, so no request can select this tenant".to_string(),
         ));
+    }
+    // A header no request can carry would never match: every request a new session.
+    if axum::http::HeaderName::from_bytes(file.session.header.as_bytes()).is_err() {
+        problems.push(problem(format!(
+            "session.header: `{}` is not a valid HTTP header name",
+            file.session.header
+        )));
     }
     let base = upstream_override.unwrap_or(&file.upstream.base_url);
     if !(base.starts_with("http://") || base.starts_with("https://")) {
