@@ -43,6 +43,9 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
+/// The most sessions one page lists.
+const MAX_LIMIT: u32 = 1000;
+
 /// `GET /ctxproxy/v1/sessions?tenant=&limit=&after=`: newest first, keyset pagination. `after`
 /// is the `next` cursor of the previous page or the id of the last session seen. The answer is
 /// an OpenAI-style list (`object`, `data`, `first_id`, `last_id`, `has_more`) plus `next`, the
@@ -56,12 +59,16 @@ pub async fn list_sessions(
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
     let limit = match q.limit.as_deref() {
         None => 50,
-        Some(v) => v.parse::<u32>().map_err(|_| {
-            Error::invalid(
-                format!("limit must be a non-negative integer, not '{v}'"),
-                Some("limit".to_string()),
-            )
-        })?,
+        Some(v) => v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=MAX_LIMIT).contains(n))
+            .ok_or_else(|| {
+                Error::invalid(
+                    format!("limit must be an integer from 1 to {MAX_LIMIT}, not '{v}'"),
+                    Some("limit".to_string()),
+                )
+            })?,
     };
     // The admin API shows what the answers already sent imply (see `session::pending`).
     state.pending.settle_all().await;

@@ -149,8 +149,8 @@ async fn session_list_after_an_unknown_or_ambiguous_session_id_is_a_400(b: Backe
         .await;
     bad_after(status, &body);
 
-    // A limit that is not a count names `limit`.
-    for limit in ["-1", "lots"] {
+    // A limit that is not a page size of 1 to 1000 names `limit` (not silently 1 or 1000).
+    for limit in ["-1", "lots", "0", "1001"] {
         let (status, body) = proxy
             .admin_get(&format!("/ctxproxy/v1/sessions?limit={limit}"))
             .await;
