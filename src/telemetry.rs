@@ -8,19 +8,39 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::env;
 
-/// Installs the global subscriber once; later calls are ignored (tests call it freely).
+/// Installs the global subscriber once; later calls are ignored (tests call it freely). A
+/// filter or format that does not parse falls back to the default and is logged as a warning
+/// once logging is up, so a typo does not go unnoticed.
 pub fn init_logging() {
-    let filter = std::env::var(env::LOG)
-        .ok()
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    let json = std::env::var(env::LOG_FORMAT).is_ok_and(|f| f.eq_ignore_ascii_case("json"));
+    let mut problems = Vec::new();
+    let filter = match std::env::var(env::LOG) {
+        Ok(f) if !f.is_empty() => EnvFilter::try_new(&f).unwrap_or_else(|e| {
+            problems.push(format!(
+                "{}: not a log filter ({e}); using `info`",
+                env::LOG
+            ));
+            EnvFilter::new("info")
+        }),
+        _ => EnvFilter::new("info"),
+    };
+    let json = match std::env::var(env::LOG_FORMAT) {
+        Ok(f) if f.eq_ignore_ascii_case("json") => true,
+        Ok(f) if f.is_empty() || f.eq_ignore_ascii_case("text") => false,
+        Ok(f) => {
+            problems.push(format!(
+                "{}: expected `text` or `json`, not `{f}`; using text",
+                env::LOG_FORMAT
+            ));
+            false
+        }
+        Err(_) => false,
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
         // Colours only for a person at a terminal: a log file or `docker logs` gets plain text.
         .with_ansi(std::io::stdout().is_terminal());
-    let _ = if json {
+    let installed = if json {
         builder
             .json()
             .flatten_event(true)
@@ -29,4 +49,9 @@ pub fn init_logging() {
     } else {
         builder.try_init()
     };
+    if installed.is_ok() {
+        for problem in problems {
+            tracing::warn!("{problem}");
+        }
+    }
 }

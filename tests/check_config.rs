@@ -528,7 +528,11 @@ fn an_unusable_listen_address_or_session_header_is_a_problem() {
         &[("acme", "keys: any\nsession:\n  header: bad header name\n")],
     );
     let text = std::fs::read_to_string(&server).unwrap();
-    std::fs::write(&server, format!("{text}server:\n  listen: 127.0.0.1:99999\n")).unwrap();
+    std::fs::write(
+        &server,
+        format!("{text}server:\n  listen: 127.0.0.1:99999\n"),
+    )
+    .unwrap();
     let (code, out) = check(&server);
     assert_eq!(code, 1, "{out}");
     assert!(

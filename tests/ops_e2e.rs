@@ -432,3 +432,23 @@ async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
         .collect();
     assert_eq!(contents, ["first", "second", "ok: 2 messages"], "{stored}");
 }
+
+/// A log filter or format that does not parse is not silently ignored: the proxy starts with
+/// the defaults and says so.
+#[tokio::test]
+async fn a_bad_log_format_or_filter_is_a_warning() {
+    let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
+    let proxy = BinaryProxy::start_with(
+        &ProxyOptions::default(),
+        &mock.base_url(),
+        &[("CTXPROXY_LOG_FORMAT", "xml"), ("CTXPROXY_LOG", "warn,[[")],
+    )
+    .await;
+    let log = proxy.log();
+    proxy.stop().await;
+    assert!(
+        log.contains("CTXPROXY_LOG_FORMAT: expected `text` or `json`, not `xml`"),
+        "{log}"
+    );
+    assert!(log.contains("CTXPROXY_LOG: not a log filter"), "{log}");
+}
