@@ -96,7 +96,7 @@ pub trait Store: Send + Sync {
     /// processes at once: they serialise on a row of the migrations table).
     async fn migrate(&self) -> Result<()>;
 
-    /// Readiness: one round trip to the database.
+    /// Readiness: one round trip to the database, reading the schema ([`PING`]).
     async fn ping(&self) -> Result<()>;
 
     /// Closes the pool; later calls fail with `StoreUnavailable`.
@@ -263,6 +263,10 @@ pub trait Store: Send + Sync {
         }))
     }
 }
+
+/// The readiness query: it reads a table, so a database that answers but has lost its schema
+/// (recreated empty under a running proxy) is not ready, as every request would fail.
+pub(crate) const PING: &str = "SELECT 1 FROM sessions LIMIT 1";
 
 /// The page size actually used.
 pub(crate) fn clamp_limit(limit: u32) -> i64 {

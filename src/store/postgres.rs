@@ -13,12 +13,12 @@ use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 
-use super::Store;
 use super::lease::{self, Wakeups};
 use super::migrations::{self, LOCK_ROW};
 use super::time::Timestamp;
 use super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened};
 use super::types::*;
+use super::{PING, Store};
 use crate::conversation::MessageId;
 use crate::{Error, Result};
 
@@ -226,7 +226,7 @@ impl Store for PostgresStore {
     }
 
     async fn ping(&self) -> Result<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        sqlx::query(PING).execute(&self.pool).await?;
         Ok(())
     }
 

@@ -295,8 +295,7 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         self.threads
             .read(|conn| {
-                conn.prepare_cached("SELECT 1")?
-                    .query_row([], |row| row.get::<_, i64>(0))?;
+                conn.prepare_cached(super::PING)?.exists([])?;
                 Ok(())
             })
             .await
@@ -573,5 +572,30 @@ impl Store for SqliteStore {
                 .transpose()
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database that answers but has lost its schema is not ready: every request would fail.
+    #[tokio::test]
+    async fn ping_fails_once_the_schema_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ping.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display()), 1)
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store.ping().await.unwrap();
+        let other = Connection::open(&path).unwrap();
+        other
+            .execute_batch(
+                "PRAGMA foreign_keys = OFF; DROP TABLE responses; DROP TABLE summaries; \
+                 DROP TABLE requests; DROP TABLE messages; DROP TABLE sessions;",
+            )
+            .unwrap();
+        assert!(store.ping().await.is_err());
     }
 }
