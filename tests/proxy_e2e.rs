@@ -141,6 +141,58 @@ async fn passthrough_keeps_method_path_query_headers_and_body() {
     assert_eq!(mock.requests().len(), 2);
 }
 
+/// A request without a body (the SDKs' `files.delete()`, a GET) reaches the upstream without
+/// one, as it would directly: no `transfer-encoding: chunked` appears on the way. A chunked body
+/// is still streamed through.
+#[tokio::test]
+async fn passthrough_sends_no_body_for_a_request_without_one() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    for method in [reqwest::Method::DELETE, reqwest::Method::GET] {
+        let resp = http
+            .request(method.clone(), format!("{}/files/file-1", proxy.base_url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{method}");
+    }
+    let empty = http
+        .post(format!("{}/files/file-1/cancel", proxy.base_url()))
+        .header("content-length", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 200);
+    let chunks = futures_util::stream::iter(
+        ["part one, ", "part two"].map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+    );
+    let resp = http
+        .post(format!("{}/files", proxy.base_url()))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 4);
+    for r in &seen[..3] {
+        assert_eq!(
+            r.header("transfer-encoding"),
+            None,
+            "{} {:?}",
+            r.method,
+            r.headers
+        );
+        assert!(r.body.is_empty(), "{}", r.method);
+    }
+    assert_eq!(seen[0].header("content-length"), None);
+    assert_eq!(seen[1].header("content-length"), None);
+    // An empty body declared as such keeps its `Content-Length: 0`.
+    assert_eq!(seen[2].header("content-length"), Some("0"));
+    assert_eq!(seen[3].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(&seen[3].body[..], b"part one, part two");
+}
+
 #[tokio::test]
 async fn keyed_tenant_swaps_in_its_upstream_key() {
     // SAFETY: set once before any request reads it; the variable is used by this test only.
