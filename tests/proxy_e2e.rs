@@ -141,6 +141,58 @@ async fn passthrough_keeps_method_path_query_headers_and_body() {
     assert_eq!(mock.requests().len(), 2);
 }
 
+/// A request without a body (the SDKs' `files.delete()`, a GET) reaches the upstream without
+/// one, as it would directly: no `transfer-encoding: chunked` appears on the way. A chunked body
+/// is still streamed through.
+#[tokio::test]
+async fn passthrough_sends_no_body_for_a_request_without_one() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    for method in [reqwest::Method::DELETE, reqwest::Method::GET] {
+        let resp = http
+            .request(method.clone(), format!("{}/files/file-1", proxy.base_url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{method}");
+    }
+    let empty = http
+        .post(format!("{}/files/file-1/cancel", proxy.base_url()))
+        .header("content-length", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(empty.status(), 200);
+    let chunks = futures_util::stream::iter(
+        ["part one, ", "part two"].map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+    );
+    let resp = http
+        .post(format!("{}/files", proxy.base_url()))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 4);
+    for r in &seen[..3] {
+        assert_eq!(
+            r.header("transfer-encoding"),
+            None,
+            "{} {:?}",
+            r.method,
+            r.headers
+        );
+        assert!(r.body.is_empty(), "{}", r.method);
+    }
+    assert_eq!(seen[0].header("content-length"), None);
+    assert_eq!(seen[1].header("content-length"), None);
+    // An empty body declared as such keeps its `Content-Length: 0`.
+    assert_eq!(seen[2].header("content-length"), Some("0"));
+    assert_eq!(seen[3].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(&seen[3].body[..], b"part one, part two");
+}
+
 #[tokio::test]
 async fn keyed_tenant_swaps_in_its_upstream_key() {
     // SAFETY: set once before any request reads it; the variable is used by this test only.
@@ -690,28 +742,165 @@ async fn a_wrong_method_is_an_openai_shaped_405() {
     assert!(mock.requests().is_empty());
 }
 
-/// An upstream that answers every chat request with `chunks`, one network write each.
+/// An upstream that answers every chat and Responses request with `chunks`, one network write
+/// each.
 async fn raw_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
     use axum::routing::post;
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        post(move || {
-            let chunks = chunks.clone();
-            async move {
-                let stream = futures_util::stream::iter(
-                    chunks.into_iter().map(Ok::<_, std::convert::Infallible>),
-                );
-                (
-                    [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
-                    axum::body::Body::from_stream(stream),
-                )
-            }
-        }),
-    );
+    let answer = move || {
+        let chunks = chunks.clone();
+        async move {
+            let stream = futures_util::stream::iter(
+                chunks.into_iter().map(Ok::<_, std::convert::Infallible>),
+            );
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(stream),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(answer.clone()))
+        .route("/v1/responses", post(answer));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}/v1")
+}
+
+/// `events` as SSE `data:` events, one network write each.
+fn sse_chunks(events: &[Value]) -> Vec<bytes::Bytes> {
+    events
+        .iter()
+        .map(|e| bytes::Bytes::from(format!("data: {e}\n\n")))
+        .collect()
+}
+
+/// OpenAI ends a chat stream that fails mid-answer with its own `{"error": ...}` event: the
+/// client gets exactly that (no second error event of ours), the half answer stays in the
+/// record's choices but not in the conversation, and the record says 502. A server-history
+/// retry then continues from the question, not from the half answer.
+#[tokio::test]
+async fn upstream_error_event_mid_chat_stream_fails_the_request() {
+    let chunks = sse_chunks(&[
+        json!({"id":"c-err","choices":[{"index":0,"delta":{"role":"assistant","content":"Half an"}}]}),
+        json!({"choices":[{"index":0,"delta":{"content":" answer"}}]}),
+        json!({"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}),
+    ]);
+    let sent: Vec<u8> = chunks.concat();
+    let upstream = raw_sse_upstream(chunks).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let ask = || {
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "s-err")
+            .header("x-ctxproxy-history", "server")
+            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "q"}]}))
+            .send()
+    };
+    let resp = ask().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let relayed = resp.bytes().await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&relayed),
+        String::from_utf8_lossy(&sent),
+        "the stream is relayed unchanged, the upstream's error event last"
+    );
+    proxy.wait_for_records("default", "s-err", 1).await;
+    let records = proxy.request_records("default", "s-err").await;
+    assert_eq!(records[0]["status"], 502, "{records:?}");
+    assert_eq!(
+        records[0]["choices"][0]["message"]["content"], "Half an answer",
+        "{records:?}"
+    );
+    let stored = proxy.stored_messages("default", "s-err").await;
+    assert_eq!(stored.len(), 1, "only the question is stored: {stored:?}");
+    assert_eq!(stored[0]["role"], "user");
+
+    ask().await.unwrap().bytes().await.unwrap();
+    proxy.wait_for_records("default", "s-err", 2).await;
+    let stored = proxy.stored_messages("default", "s-err").await;
+    assert!(
+        stored.iter().all(|m| m["role"] == "user"),
+        "no half answer in the conversation: {stored:?}"
+    );
+}
+
+/// A chat stream that stops with neither a finish reason nor `[DONE]` is cut short: the client
+/// is told with an error event, the record says 502 and the partial reply is not appended.
+#[tokio::test]
+async fn chat_stream_ending_without_finish_reason_or_done_is_cut_short() {
+    let chunks = sse_chunks(&[
+        json!({"id":"c-cut","choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]}),
+    ]);
+    let upstream = raw_sse_upstream(chunks).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "s-cut")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "q"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert_eq!(chat_stream_text(&text), "Half");
+    let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "upstream_error", "{text}");
+    proxy.wait_for_records("default", "s-cut", 1).await;
+    let records = proxy.request_records("default", "s-cut").await;
+    assert_eq!(records[0]["status"], 502, "{records:?}");
+    let stored = proxy.stored_messages("default", "s-cut").await;
+    assert_eq!(stored.len(), 1, "only the question is stored: {stored:?}");
+}
+
+/// A Responses stream ending in `response.failed` (or an `error` event) is a failed request:
+/// relayed unchanged, recorded as 502, nothing of it appended.
+#[tokio::test]
+async fn responses_failed_and_error_events_fail_the_request() {
+    let item = json!({"id":"msg_1","type":"message","role":"assistant","status":"completed",
+                      "content":[{"type":"output_text","text":"Half","annotations":[]}]});
+    let failed = vec![
+        json!({"type":"response.created","response":{"id":"resp_f","status":"in_progress","output":[]}}),
+        json!({"type":"response.output_item.done","output_index":0,"item":item}),
+        json!({"type":"response.failed","response":{"id":"resp_f","status":"failed","output":[item],
+               "error":{"code":"server_error","message":"The model failed"}}}),
+    ];
+    let error = vec![
+        json!({"type":"response.created","response":{"id":"resp_e","status":"in_progress","output":[]}}),
+        json!({"type":"response.output_item.done","output_index":0,"item":item}),
+        json!({"type":"error","code":"server_error","message":"The model failed","param":null}),
+    ];
+    for (session, events) in [("s-failed", failed), ("s-error", error)] {
+        let named: Vec<bytes::Bytes> = events
+            .iter()
+            .map(|e| {
+                let name = e["type"].as_str().unwrap();
+                bytes::Bytes::from(format!("event: {name}\ndata: {e}\n\n"))
+            })
+            .collect();
+        let sent = named.concat();
+        let upstream = raw_sse_upstream(named).await;
+        let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+        let resp = client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .header("x-session-id", session)
+            .json(&json!({"model": "m", "stream": true, "input": "q"}))
+            .send()
+            .await
+            .unwrap();
+        let relayed = resp.bytes().await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&relayed),
+            String::from_utf8_lossy(&sent),
+            "{session}: relayed unchanged"
+        );
+        proxy.wait_for_records("default", session, 1).await;
+        let records = proxy.request_records("default", session).await;
+        assert_eq!(records[0]["status"], 502, "{session}: {records:?}");
+        let stored = proxy.stored_messages("default", session).await;
+        assert_eq!(stored.len(), 1, "{session}: only the input: {stored:?}");
+    }
 }
 
 /// A stream opening with a BOM, framed with CR alone, carrying one large chunk in 2 KB network

@@ -1,11 +1,12 @@
 //! Everything under `/v1/` that ctxproxy does not manage: forwarded unchanged (method, path,
 //! query, headers less hop-by-hop ones, body streamed both ways), only the tenant's
-//! Authorization handling applied.
+//! Authorization handling applied. A request without a body goes on without one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::body::HttpBody;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -89,16 +90,24 @@ async fn forward_inner(
         let out_headers = headers::to_upstream(&parts.headers, &auth, false);
         // A body without a length found over the limit on the way: a 413, not an upstream error.
         let too_large = Arc::new(AtomicBool::new(false));
-        let over = too_large.clone();
-        let body_stream = axum::body::Body::new(http_body_util::Limited::new(body, limit))
-            .into_data_stream()
-            .map_err(move |e| {
-                let e = e.into_inner();
-                if e.is::<http_body_util::LengthLimitError>() {
-                    over.store(true, Ordering::Relaxed);
-                }
-                std::io::Error::other(e)
-            });
+        // A request that carries no body (neither Content-Length nor Transfer-Encoding, as the
+        // SDKs send DELETE and GET; or an HTTP/2 request whose headers end the stream) goes on
+        // without one: a wrapped stream, even an empty one, would be sent chunked.
+        let body = if body.is_end_stream() {
+            reqwest::Body::from(bytes::Bytes::new())
+        } else {
+            let over = too_large.clone();
+            let stream = axum::body::Body::new(http_body_util::Limited::new(body, limit))
+                .into_data_stream()
+                .map_err(move |e| {
+                    let e = e.into_inner();
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        over.store(true, Ordering::Relaxed);
+                    }
+                    std::io::Error::other(e)
+                });
+            reqwest::Body::wrap_stream(stream)
+        };
         let client = state
             .upstream
             .client(Duration::from_secs(up.connect_timeout_s))?;
@@ -110,7 +119,7 @@ async fn forward_inner(
                 method: parts.method,
                 url,
                 headers: out_headers,
-                body: reqwest::Body::wrap_stream(body_stream),
+                body,
                 header_timeout: timeout,
             },
         )

@@ -1,6 +1,8 @@
 //! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
 //! task reads the upstream, passes every chunk on at once and feeds a copy to the reply
 //! accumulator; it keeps reading after the client hangs up so the full reply is still stored.
+//! A stream fails when the transport does, when it stalls, when the upstream sends an error event
+//! of its own, or when a chat stream stops before it finished (see `reply::StreamFailure`).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -10,7 +12,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::reply::{ApiKind, Reply, StreamAccumulator};
+use super::reply::{ApiKind, Reply, StreamAccumulator, StreamFailure};
 use crate::error::Error;
 
 /// How a relayed stream ended.
@@ -18,7 +20,8 @@ use crate::error::Error;
 pub struct StreamOutcome {
     /// The reply rebuilt from the events.
     pub reply: Reply,
-    /// Set when the upstream failed or stalled mid-stream.
+    /// Set when the stream did not end as a whole answer: the upstream failed, stalled, sent
+    /// an error event or stopped early.
     pub error: Option<Error>,
     /// When the upstream's last byte arrived.
     pub upstream_done: Instant,
@@ -66,7 +69,13 @@ where
             }
         }
         let upstream_done = Instant::now();
+        let streamed = acc.finish();
+        // The upstream's own error event has reached the client already; any other failure is
+        // told with one of ours.
+        let reported = matches!(streamed.failure, Some(StreamFailure::Reported(_)));
+        let error = error.or_else(|| streamed.failure.map(failure_error));
         if let Some(err) = &error
+            && !reported
             && !client_gone
         {
             let event = format!("data: {}\n\n", err.body());
@@ -76,7 +85,7 @@ where
         // once continues the conversation (a `previous_response_id`, a resent history) must
         // find what this answer stored. Every byte has already been passed on.
         on_done(StreamOutcome {
-            reply: acc.finish(),
+            reply: streamed.reply,
             error,
             upstream_done,
             client_gone,
@@ -86,6 +95,16 @@ where
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Body::from_stream(stream)
+}
+
+/// A stream that the transport delivered but that is not a whole answer, as the error its
+/// request ends with (502, like a stream the transport broke).
+fn failure_error(failure: StreamFailure) -> Error {
+    let what = match failure {
+        StreamFailure::Reported(message) => format!("the upstream sent an error event: {message}"),
+        StreamFailure::CutShort => "it ended without a finish_reason or [DONE]".to_string(),
+    };
+    Error::UpstreamUnreachable(format!("upstream stream failed: {what}"))
 }
 
 /// Relays any body unchanged (pass-through routes), failing it if the upstream stalls for

@@ -1,6 +1,8 @@
 //! Rebuilding the model's reply from what the upstream sent: the whole JSON body, or the SSE
 //! events of a stream (chat deltas merged by choice and tool-call index; Responses events read
-//! from `response.completed`, or from the finished items when that never comes).
+//! from `response.completed`, or from the finished items when that never comes). A stream also
+//! says whether it ended as a whole answer: an error event of the upstream's own, or a chat
+//! stream that stops before any finish reason or `[DONE]`, leaves only part of one.
 
 use std::collections::BTreeMap;
 
@@ -58,6 +60,25 @@ impl Reply {
     }
 }
 
+/// Why a stream that the transport delivered whole is still not a whole answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamFailure {
+    /// The upstream sent an error event (chat `data: {"error": ...}`, Responses `error` or
+    /// `response.failed`), with its message. The client has had that event already.
+    Reported(String),
+    /// A chat stream ended with no finish reason on any choice and no `[DONE]`: the upstream
+    /// stopped mid-answer without saying why.
+    CutShort,
+}
+
+/// What a stream left behind: the reply rebuilt from it, and why it is not a whole answer when
+/// it is not.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streamed {
+    pub reply: Reply,
+    pub failure: Option<StreamFailure>,
+}
+
 /// Merges the events of a stream into a [`Reply`].
 #[derive(Debug)]
 pub struct StreamAccumulator {
@@ -68,6 +89,10 @@ pub struct StreamAccumulator {
     completed: Option<Value>,
     usage: Option<Value>,
     id: Option<String>,
+    /// The message of the first error event the upstream sent.
+    error: Option<String>,
+    /// A `data: [DONE]` arrived.
+    done: bool,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +125,8 @@ impl StreamAccumulator {
             completed: None,
             usage: None,
             id: None,
+            error: None,
+            done: false,
         }
     }
 
@@ -110,24 +137,46 @@ impl StreamAccumulator {
         }
     }
 
-    /// The reply rebuilt from everything fed.
-    pub fn finish(mut self) -> Reply {
+    /// The reply rebuilt from everything fed, and whether the stream ended as a whole answer.
+    pub fn finish(mut self) -> Streamed {
         for event in self.parser.finish() {
             self.event(event);
         }
-        match self.kind {
+        let failure = match self.error.take() {
+            Some(message) => Some(StreamFailure::Reported(message)),
+            // A chat stream ends with a finish reason and then `[DONE]`; one that has neither
+            // stopped mid-answer. (An upstream that leaves out one of the two still counts as
+            // finished.) Responses streams keep their finished items when no terminal event
+            // comes, see `finish_responses`.
+            None if self.kind == ApiKind::Chat
+                && !self.done
+                && self.chat.values().all(|c| c.finish_reason.is_none()) =>
+            {
+                Some(StreamFailure::CutShort)
+            }
+            None => None,
+        };
+        let reply = match self.kind {
             ApiKind::Chat => self.finish_chat(),
             ApiKind::Responses => self.finish_responses(),
-        }
+        };
+        Streamed { reply, failure }
     }
 
     fn event(&mut self, event: SseEvent) {
-        if event.data == "[DONE]" || event.data.is_empty() {
+        if event.data == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        if event.data.is_empty() {
             return;
         }
         let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
             return;
         };
+        if self.error.is_none() {
+            self.error = error_message(self.kind, event.event.as_deref(), &v);
+        }
         match self.kind {
             ApiKind::Chat => self.chat_chunk(&v),
             ApiKind::Responses => self.responses_event(event.event.as_deref(), v),
@@ -301,6 +350,33 @@ impl StreamAccumulator {
     }
 }
 
+/// The message of an error event: chat's `{"error": {...}}` chunk (as OpenAI sends one when it
+/// fails mid-stream), or Responses' `error` and `response.failed` events; `None` for any other.
+fn error_message(kind: ApiKind, name: Option<&str>, v: &Value) -> Option<String> {
+    let error = match kind {
+        ApiKind::Chat => v.get("error").filter(|e| !e.is_null())?,
+        ApiKind::Responses => match v.get("type").and_then(Value::as_str).or(name) {
+            // The event itself carries `message` and `code` (some servers nest them under
+            // `error`).
+            Some("error") => v.get("error").filter(|e| e.is_object()).unwrap_or(v),
+            Some("response.failed") => v.pointer("/response/error").unwrap_or(&Value::Null),
+            _ => return None,
+        },
+    };
+    let message = match error {
+        Value::String(s) => Some(s.as_str()),
+        e => e
+            .get("message")
+            .or_else(|| e.get("code"))
+            .and_then(Value::as_str),
+    };
+    Some(
+        message
+            .unwrap_or("the upstream reported an error")
+            .to_string(),
+    )
+}
+
 /// Adds one chunk's value of a delta field to what earlier chunks sent, as the openai-python SDK
 /// accumulates deltas (`openai/lib/streaming/_deltas.py`, `accumulate_delta`): a value absent or
 /// null so far is taken as sent; `index` and `type` are replaced; strings are appended; objects
@@ -381,7 +457,7 @@ mod tests {
         for piece in body.chunks(7) {
             acc.feed(piece);
         }
-        let reply = acc.finish();
+        let reply = acc.finish().reply;
         assert_eq!(
             reply.messages[0],
             json!({"role":"assistant","content":null,"refusal":null,"tool_calls":[
@@ -404,7 +480,7 @@ mod tests {
         let mut acc = StreamAccumulator::new(ApiKind::Chat);
         acc.feed(&body);
         assert_eq!(
-            acc.finish().messages[0],
+            acc.finish().reply.messages[0],
             json!({
                 "role": "assistant", "content": "Hi", "refusal": null,
                 "reasoning_content": "Let me think.",
@@ -424,7 +500,7 @@ mod tests {
         );
         let mut acc = StreamAccumulator::new(ApiKind::Responses);
         acc.feed(body.as_bytes());
-        let reply = acc.finish();
+        let reply = acc.finish().reply;
         assert_eq!(reply.messages, out.as_array().cloned().unwrap());
         assert_eq!(reply.id.as_deref(), Some("resp_1"));
     }
@@ -442,7 +518,7 @@ mod tests {
         for piece in body.chunks(5) {
             acc.feed(piece);
         }
-        let reply = acc.finish();
+        let reply = acc.finish().reply;
         assert_eq!(
             reply.messages[0],
             json!({"role":"assistant","content":null,"refusal":null,
@@ -465,7 +541,7 @@ mod tests {
         let mut acc = StreamAccumulator::new(ApiKind::Chat);
         acc.feed(&body);
         assert_eq!(
-            acc.finish().messages[0],
+            acc.finish().reply.messages[0],
             json!({"role":"assistant","content":null,"refusal":null,
                    "audio":{"id":"audio_1","transcript":"Hello there.","data":"UklGRiQA","expires_at":1729000000}})
         );
@@ -482,7 +558,7 @@ mod tests {
         let mut acc = StreamAccumulator::new(ApiKind::Chat);
         acc.feed(&body);
         assert_eq!(
-            acc.finish().messages[0],
+            acc.finish().reply.messages[0],
             json!({"role":"assistant","content":null,"refusal":null,
                    "x_parts":[{"index":0,"type":"text_v2","text":"ab"},{"index":1,"type":"image","url":"u12"}],
                    "x_tags":["p","q"],
@@ -502,8 +578,69 @@ mod tests {
         for piece in framed.chunks(1) {
             acc.feed(piece);
         }
-        let reply = acc.finish();
+        let reply = acc.finish().reply;
         assert_eq!(reply.id.as_deref(), Some("c3"));
         assert_eq!(reply.messages[0]["content"], "Hello");
+    }
+
+    #[test]
+    fn an_error_chunk_after_deltas_fails_the_stream() {
+        let body = format!(
+            "data: {}\n\ndata: {}\n\n",
+            json!({"id":"c4","choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]}),
+            json!({"error":{"message":"The server had an error","type":"server_error"}})
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(body.as_bytes());
+        let streamed = acc.finish();
+        assert_eq!(
+            streamed.failure,
+            Some(StreamFailure::Reported("The server had an error".into()))
+        );
+        // What came before the error is still rebuilt, for the request record.
+        assert_eq!(streamed.reply.messages[0]["content"], "Half");
+    }
+
+    #[test]
+    fn a_chat_stream_without_finish_reason_or_done_is_cut_short() {
+        let body = format!(
+            "data: {}\n\n",
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]})
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(body.as_bytes());
+        assert_eq!(acc.finish().failure, Some(StreamFailure::CutShort));
+        // Either end marker alone is enough.
+        let mut done = StreamAccumulator::new(ApiKind::Chat);
+        done.feed(format!("{body}data: [DONE]\n\n").as_bytes());
+        assert_eq!(done.finish().failure, None);
+        let finished = sse(&[
+            json!({"choices":[{"index":0,"delta":{"content":"Whole"},"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&finished[..finished.len() - b"data: [DONE]\n\n".len()]);
+        assert_eq!(acc.finish().failure, None);
+    }
+
+    #[test]
+    fn responses_error_and_failed_events_fail_the_stream() {
+        let failed = format!(
+            "event: response.failed\ndata: {}\n\n",
+            json!({"type":"response.failed","response":{"id":"resp_2","status":"failed",
+                   "error":{"code":"server_error","message":"Boom"},"output":[]}})
+        );
+        let error = format!(
+            "event: error\ndata: {}\n\n",
+            json!({"type":"error","code":"server_error","message":"Bang","param":null})
+        );
+        for (body, message) in [(failed, "Boom"), (error, "Bang")] {
+            let mut acc = StreamAccumulator::new(ApiKind::Responses);
+            acc.feed(body.as_bytes());
+            assert_eq!(
+                acc.finish().failure,
+                Some(StreamFailure::Reported(message.into())),
+                "{body}"
+            );
+        }
     }
 }
