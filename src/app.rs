@@ -34,6 +34,10 @@ pub struct AppState {
     pub pending: Arc<crate::session::PendingReplies>,
     /// Work that outlives its request (reply writes); shutdown waits for it.
     pub background: tokio_util::task::TaskTracker,
+    /// Cancelled when shutdown's grace period is over: requests still waiting on the upstream
+    /// end there (streams with an error event), record how they ended and free their session,
+    /// instead of being dropped with their lease still held.
+    pub abort: tokio_util::sync::CancellationToken,
     /// Whether a non-streamed reply is written after its answer went out. Only on SQLite: the
     /// waits that make this safe (`pending`) are in-process, and several processes sharing a
     /// PostgreSQL database could otherwise miss a reply another one is still writing.
@@ -66,6 +70,7 @@ impl AppState {
                 move || store.hurry()
             })),
             background: Default::default(),
+            abort: Default::default(),
             write_replies_after_answer: store.backend() == "sqlite",
             store,
         })
@@ -161,6 +166,9 @@ pub fn load_config(path: &Path) -> Result<Config> {
     }
 }
 
+/// How long requests ended at the end of the grace period get to write how they ended.
+const ABORT_WAIT: Duration = Duration::from_secs(2);
+
 /// A proxy bound to its listening socket, ready to serve.
 pub struct Server {
     listener: tokio::net::TcpListener,
@@ -244,9 +252,21 @@ impl Server {
             let _ = handle.await;
             background.wait().await;
         };
-        match tokio::time::timeout(self.grace, finished).await {
-            Ok(()) => tracing::info!("all requests finished"),
-            Err(_) => tracing::warn!("grace period over; dropping requests still in flight"),
+        tokio::pin!(finished);
+        if tokio::time::timeout(self.grace, &mut finished)
+            .await
+            .is_ok()
+        {
+            tracing::info!("all requests finished");
+            return Ok(());
+        }
+        tracing::warn!("grace period over; ending the requests still in flight");
+        self.state.abort.cancel();
+        if tokio::time::timeout(ABORT_WAIT, &mut finished)
+            .await
+            .is_err()
+        {
+            tracing::warn!("requests still in flight after they were ended; dropping them");
         }
         Ok(())
     }

@@ -61,6 +61,10 @@ pub enum Error {
     /// tenant's `upstream.timeout_s`): the store is fine, the session is busy.
     #[error("session '{session}' is still busy with another request after {waited:?}; retry later")]
     SessionBusy { session: String, waited: Duration },
+    /// The proxy is stopping and its grace period is over: the request was ended (its record
+    /// and lease written and released) rather than dropped.
+    #[error("ctxproxy is shutting down; retry the request")]
+    ShuttingDown,
     /// The store failed; nothing is forwarded that could not be recorded.
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),

@@ -71,6 +71,11 @@ impl Error {
                 "invalid_request_error",
                 Some("session_busy"),
             ),
+            Error::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("shutting_down"),
+            ),
             Error::StoreUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",

@@ -432,15 +432,18 @@ async fn send(
     }
     let upstream_started = Instant::now();
     log.upstream = Some((upstream_started, None));
-    let sent = upstream::send(
-        &client,
-        Outgoing {
-            method: Method::POST,
-            url: format!("{}{}", tenant.upstream_base, log.endpoint.upstream_path()),
-            headers: headers::to_upstream(client_headers, &auth, true),
-            body: reqwest::Body::from(body),
-            header_timeout: timeout,
-        },
+    let sent = until_aborted(
+        state,
+        upstream::send(
+            &client,
+            Outgoing {
+                method: Method::POST,
+                url: format!("{}{}", tenant.upstream_base, log.endpoint.upstream_path()),
+                headers: headers::to_upstream(client_headers, &auth, true),
+                body: reqwest::Body::from(body),
+                header_timeout: timeout,
+            },
+        ),
     )
     .await;
     let resp = match sent {
@@ -470,7 +473,9 @@ async fn send(
         let stream_log = log.clone();
         // Shutdown waits for the relay too, until the reply is stored: the client may be gone.
         let in_flight = state.background.token();
-        let body = upstream::relay::tee_sse(resp, timeout, log.endpoint.kind(), move |outcome| {
+        let abort = state.abort.clone();
+        let kind = log.endpoint.kind();
+        let body = upstream::relay::tee_sse(resp, timeout, kind, abort, move |outcome| {
             let mut stream_log = stream_log;
             async move {
                 let _in_flight = in_flight;
@@ -499,24 +504,19 @@ async fn send(
 
     // Whole answers (and upstream errors, relayed unchanged) are read within the total timeout.
     let remaining = timeout.saturating_sub(upstream_started.elapsed());
-    let bytes = match tokio::time::timeout(remaining, resp.bytes()).await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            let err = map_reqwest(e, timeout);
+    let read = until_aborted(state, async {
+        match tokio::time::timeout(remaining, resp.bytes()).await {
+            Ok(read) => read.map_err(|e| map_reqwest(e, timeout)),
+            Err(_) => Err(Error::UpstreamTimeout(timeout)),
+        }
+    });
+    let bytes = match read.await {
+        Ok(b) => b,
+        Err(err) => {
             completion
                 .finish(err.classify().0, None, Some(upstream_started.elapsed()))
                 .await;
             return Err(err);
-        }
-        Err(_) => {
-            completion
-                .finish(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    None,
-                    Some(upstream_started.elapsed()),
-                )
-                .await;
-            return Err(Error::UpstreamTimeout(timeout));
         }
     };
     let upstream_done = Instant::now();
@@ -537,4 +537,16 @@ async fn send(
     *response.status_mut() = status;
     *response.headers_mut() = resp_headers;
     Ok(Answer::Complete(response))
+}
+
+/// `work`, unless shutdown's grace period ends first (then `ShuttingDown`, and `work` is
+/// dropped: the upstream call is abandoned, the caller still records the request).
+async fn until_aborted<T>(
+    state: &AppState,
+    work: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::select! {
+        done = work => done,
+        () = state.abort.cancelled() => Err(Error::ShuttingDown),
+    }
 }

@@ -11,6 +11,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::reply::{ApiKind, Reply, StreamAccumulator, StreamFailure};
 use crate::error::Error;
@@ -31,7 +32,15 @@ pub struct StreamOutcome {
 
 /// Relays an SSE answer chunk by chunk, never collecting it. `idle` bounds the wait between
 /// two chunks. When the stream has ended (or failed), `on_done` runs with the rebuilt reply.
-pub fn tee_sse<F, Fut>(resp: reqwest::Response, idle: Duration, kind: ApiKind, on_done: F) -> Body
+/// `abort` ends the relay early (shutdown's grace period is over): the client gets an error
+/// event and `on_done` still runs, so the request is recorded and its session freed.
+pub fn tee_sse<F, Fut>(
+    resp: reqwest::Response,
+    idle: Duration,
+    kind: ApiKind,
+    abort: CancellationToken,
+    on_done: F,
+) -> Body
 where
     F: FnOnce(StreamOutcome) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
@@ -45,7 +54,14 @@ where
         let mut client_gone = false;
         let mut error = None;
         loop {
-            match tokio::time::timeout(idle, stream.next()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(idle, stream.next()) => next,
+                () = abort.cancelled() => {
+                    error = Some(Error::ShuttingDown);
+                    break;
+                }
+            };
+            match next {
                 Ok(Some(Ok(chunk))) => {
                     // The client's copy goes first (a `Bytes` clone shares the buffer), so the
                     // rebuild never holds a chunk back; it runs before the next read, which

@@ -26,6 +26,7 @@ pub struct Proxy {
 }
 
 /// What to start a proxy with.
+#[derive(Clone)]
 pub struct ProxyOptions {
     /// (tenant name, tenant YAML); `{upstream}` is replaced by the mock's base URL.
     pub tenants: Vec<(String, String)>,
@@ -34,6 +35,7 @@ pub struct ProxyOptions {
     pub max_body_bytes: usize,
     /// `None`: a fresh SQLite file in the temp folder.
     pub database_url: Option<String>,
+    pub shutdown_grace_s: u64,
 }
 
 impl Default for ProxyOptions {
@@ -46,6 +48,7 @@ impl Default for ProxyOptions {
             server_extra: String::new(),
             max_body_bytes: 32 * 1024 * 1024,
             database_url: None,
+            shutdown_grace_s: 5,
         }
     }
 }
@@ -80,8 +83,9 @@ pub fn write_config(dir: &Path, opts: &ProxyOptions, upstream: &str) -> PathBuf 
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}?mode=rwc", dir.join("ctxproxy.db").display()));
     let server = format!(
-        "server:\n  listen: 127.0.0.1:0\n  max_body_bytes: {}\n  shutdown_grace_s: 5\ndatabase:\n  url: \"{}\"\n  max_connections: 8\ntenants_dir: {}\n{}\n",
+        "server:\n  listen: 127.0.0.1:0\n  max_body_bytes: {}\n  shutdown_grace_s: {}\ndatabase:\n  url: \"{}\"\n  max_connections: 8\ntenants_dir: {}\n{}\n",
         opts.max_body_bytes,
+        opts.shutdown_grace_s,
         db,
         tenants.display(),
         opts.server_extra

@@ -21,16 +21,7 @@ async fn fifty_concurrent_turns_through_two_processes_never_interleave() {
     );
     let mock = ctxproxy::mock_upstream::spawn(std::time::Duration::ZERO).await;
     // The first process applies the migrations; the binary then finds them applied.
-    let inproc = Proxy::start(
-        ProxyOptions {
-            tenants: opts.tenants.clone(),
-            server_extra: opts.server_extra.clone(),
-            max_body_bytes: opts.max_body_bytes,
-            database_url: opts.database_url.clone(),
-        },
-        &mock.base_url(),
-    )
-    .await;
+    let inproc = Proxy::start(opts.clone(), &mock.base_url()).await;
     let binary = BinaryProxy::start(&opts, &mock.base_url()).await;
 
     let bases = [inproc.base_url(), binary.base_url()];

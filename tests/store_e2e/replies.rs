@@ -263,9 +263,77 @@ async fn store_down_is_503_store_unavailable_and_the_upstream_is_not_called(b: B
     assert_eq!(health.status(), 200, "the process still serves");
 }
 
+/// Requests still waiting on the upstream when shutdown's grace period ends are ended, not
+/// dropped: a stream gets an error event (SPEC 3), a whole answer a 503, both are recorded with
+/// that status, and their sessions are free at once (a dropped request kept its lease, which
+/// blocked the session for 30 s after a restart).
+async fn requests_still_running_when_the_grace_period_ends_are_ended_and_recorded(b: Backend) {
+    let opts = ProxyOptions {
+        shutdown_grace_s: 1,
+        ..b.options()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let state = proxy.state.clone();
+    let http = client();
+    let mut body = request(&[user("a long answer")]);
+    body["stream"] = json!(true);
+    let mut streamed = http
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "held-stream")
+        .header("x-mock-hold-ms", "60000")
+        .bearer_auth("sk-a")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    let mut text = String::from_utf8_lossy(&streamed.chunk().await.unwrap().unwrap()).into_owned();
+    let whole = tokio::spawn(
+        http.post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "held-whole")
+            .header("x-mock-delay-ms", "60000")
+            .bearer_auth("sk-a")
+            .json(&request(&[user("a slow answer")]))
+            .send(),
+    );
+    while !mock
+        .requests()
+        .iter()
+        .any(|r| r.header("x-session-id") == Some("held-whole"))
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let shutdown = tokio::spawn(proxy.shutdown());
+    while let Some(chunk) = streamed.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events = sse_data(&text);
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "shutting_down", "{text}");
+    let whole = whole.await.unwrap().unwrap();
+    assert_eq!(whole.status(), 503);
+    let err: Value = whole.json().await.unwrap();
+    assert_eq!(assert_openai_error(&err)["code"], "shutting_down");
+    shutdown.await.unwrap();
+
+    for session in ["held-stream", "held-whole"] {
+        let records = state.store.list_requests("default", session).await.unwrap();
+        assert_eq!(records.len(), 1, "{session}");
+        assert_eq!(records[0].status, 503, "{session}");
+        let stored = state.store.head_branch("default", session).await.unwrap();
+        assert_eq!(stored.len(), 1, "{session}: only the question");
+        state
+            .store
+            .lock_session("default", session, Duration::from_secs(30), Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("{session} is still held: {e}"));
+    }
+}
+
 on_both_backends!(
     streamed_parallel_tool_calls_are_stored_like_the_whole_answer,
     reply_is_stored_after_the_client_hangs_up_mid_stream,
     unknown_fields_survive_into_the_store_and_back_out,
     store_down_is_503_store_unavailable_and_the_upstream_is_not_called,
+    requests_still_running_when_the_grace_period_ends_are_ended_and_recorded,
 );
