@@ -216,8 +216,49 @@ async fn streamed_chat_record_keeps_the_rebuilt_choice_and_usage(b: Backend) {
     assert_eq!(records[0]["usage"], answer.body["usage"]);
 }
 
+/// An admin DELETE of a session whose request is still waiting on the upstream: the client
+/// gets its answer, the reply has nowhere to go, and that is no store error to alert on.
+async fn a_session_deleted_while_its_request_runs_is_no_store_error(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let errors = |text: String| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("ctxproxy_store_errors_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let errors_before = errors(proxy.metrics_text().await);
+    let slow = tokio::spawn(
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "doomed")
+            .header("x-mock-delay-ms", "1000")
+            .bearer_auth("sk-a")
+            .json(&request(&[user("hi")]))
+            .send(),
+    );
+    while mock.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deleted = client()
+        .delete(proxy.url("/ctxproxy/v1/sessions/default/doomed"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    let answer = slow.await.unwrap().unwrap();
+    assert_eq!(answer.status(), 200);
+    proxy.store().await;
+    let (status, _) = proxy
+        .admin_get("/ctxproxy/v1/sessions/default/doomed")
+        .await;
+    assert_eq!(status, 404, "the deleted session stays deleted");
+    assert_eq!(errors(proxy.metrics_text().await), errors_before);
+}
+
 on_both_backends!(
     session_list_pages_by_next_cursor_and_by_last_session_id,
     session_list_after_an_unknown_or_ambiguous_session_id_is_a_400,
     streamed_chat_record_keeps_the_rebuilt_choice_and_usage,
+    a_session_deleted_while_its_request_runs_is_no_store_error,
 );
