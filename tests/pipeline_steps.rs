@@ -306,3 +306,30 @@ fn valid_conversation_passes_through_unchanged() {
     let all: HashSet<_> = out.report.removed.iter().map(|r| r.index).collect();
     assert!(all.is_empty() && out.report.repaired.is_empty());
 }
+
+/// Older openai-node sent `"tool_calls": []`, which OpenAI refuses ("empty array").
+#[test]
+fn repair_drops_an_empty_tool_calls_key() {
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "hello", "tool_calls": []},
+        {"role": "assistant", "content": null, "tool_calls": []},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "in the current turn too", "tool_calls": []}
+    ]}));
+    let out = rewrite(&msgs, &policy(json!({})));
+    check_valid(&out.messages).unwrap();
+    let sent = wire(&out.messages);
+    assert_eq!(
+        sent,
+        [
+            json!({"role": "user", "content": "q1"}),
+            json!({"role": "assistant", "content": "hello"}),
+            json!({"role": "user", "content": "q2"}),
+            json!({"role": "assistant", "content": "in the current turn too"}),
+        ]
+    );
+    // only the silent one is a repair; dropping the key removes nothing
+    assert_eq!(repaired(&out.report), [(2, RepairKind::EmptyAssistant)]);
+    assert!(out.report.removed.is_empty());
+}
