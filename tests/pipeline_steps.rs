@@ -333,3 +333,29 @@ fn repair_drops_an_empty_tool_calls_key() {
     assert_eq!(repaired(&out.report), [(2, RepairKind::EmptyAssistant)]);
     assert!(out.report.removed.is_empty());
 }
+
+/// A result sent after the last user message is in the current turn, which compression never
+/// touches, even when it answers a history call; repair still moves it back to that call.
+#[test]
+fn compression_leaves_a_late_result_in_the_current_turn_alone() {
+    let long = "word ".repeat(300);
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        ]},
+        {"role": "user", "content": "q2"},
+        {"role": "tool", "tool_call_id": "c1", "content": long}
+    ]}));
+    let out = rewrite(&msgs, &compress_policy(50));
+    assert!(
+        out.report.compressed.is_empty(),
+        "{:?}",
+        out.report.compressed
+    );
+    assert_eq!(
+        out.messages,
+        [&msgs[0], &msgs[1], &msgs[3], &msgs[2]].map(Clone::clone)
+    );
+    assert_eq!(repaired(&out.report), [(3, RepairKind::MovedResult)]);
+}

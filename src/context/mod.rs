@@ -11,7 +11,10 @@
 //! 7. [`repair`]: the request made one the provider accepts, on everything
 //!
 //! Steps 2–6 change only the **history**, the messages before the last `user` message; the
-//! **current turn** (that message and all after it) is untouched by them.
+//! **current turn** (that message and all after it) is untouched by them. That goes by position:
+//! a late result of a history call that sits in the current turn is not compressed (repair moves
+//! it back to its call afterwards). The one exception is a removed call's result, which goes with
+//! its call wherever it sits (see `removal.rs`).
 //!
 //! The pipeline works on the shared [`Message`] model. The Responses API reuses it by mapping its
 //! items to messages (keeping the original item in `extra`) and back; nothing here is specific to
@@ -48,32 +51,6 @@ pub use summary::{StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::offered_tool_names;
 
 use work::{Item, Msg, Work, current_turn_start};
-
-/// A result belongs with its call: a late result of a history call is history too, so the steps
-/// treat it as they treat its call and a second run finds nothing left to do. Only results in the
-/// current turn can be late in this sense, so only they are linked.
-fn mark_late_results(items: &mut [Item<'_>], messages: &[Message], history_end: usize) {
-    let current = messages.get(history_end..).unwrap_or_default();
-    if !current.iter().any(|m| m.role == Role::Tool) {
-        return;
-    }
-    let at = |p: usize| &messages[p];
-    let is_caller = |m: &Message| m.role == Role::Assistant && m.has_tool_calls();
-    let mut last_caller = messages[..history_end].iter().rposition(is_caller);
-    let mut full = None;
-    for pos in history_end..messages.len() {
-        let link = match segments::link_near(at, pos, last_caller) {
-            Some(link) => link,
-            None => full.get_or_insert_with(|| segments::link_results(messages.iter()))[pos],
-        };
-        if let Some((owner, _)) = link {
-            items[pos].history = owner < history_end;
-        }
-        if is_caller(&messages[pos]) {
-            last_caller = Some(pos);
-        }
-    }
-}
 
 /// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -236,7 +213,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
             history: index < history_end,
         })
         .collect();
-    mark_late_results(&mut items, input.messages, history_end);
     let mut work = Work {
         items,
         report: Report::default(),

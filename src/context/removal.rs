@@ -13,8 +13,9 @@ use super::segments::{link_near, link_results};
 use super::work::{Work, record_calls};
 
 /// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
-/// with their results. Calls in the current turn are never offered. (A result of a history call
-/// counts as history wherever it sits; see `work::Item::history`.)
+/// with their results. Calls in the current turn are never offered. A result goes with its call
+/// wherever it sits, also late in the current turn: left there it would be an orphan for repair,
+/// which would drop it under a vaguer name, or hand it to an older call that shares its id.
 pub(crate) fn remove_calls(
     work: &mut Work<'_>,
     reason: RemoveReason,

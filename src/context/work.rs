@@ -81,7 +81,8 @@ pub(crate) struct Item<'a> {
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
-    /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
+    /// Before the last `user` message (steps 2–6 may change it). By position only: a late
+    /// result of a history call that sits in the current turn is not history.
     pub history: bool,
 }
 
