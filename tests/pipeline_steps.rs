@@ -42,6 +42,33 @@ fn window_by_turn_counts_assistant_messages() {
     check_valid(&out.messages).unwrap();
 }
 
+/// A call without a result has no place in the window (SPEC: each tool result counts one):
+/// repair drops it, so counting it would leave fewer calls than `max`.
+#[test]
+fn window_counts_results_not_unanswered_calls() {
+    let msgs = messages(&fixture("unanswered_newest_call.json"));
+    for unit in ["call", "turn"] {
+        let p = policy(json!({"tool_call_window": {"max": 2, "unit": unit}}));
+        let out = rewrite(&msgs, &p);
+        assert_eq!(result_ids(&out.messages), ["c1", "c2"], "{unit}");
+        assert!(
+            out.report.removed.is_empty(),
+            "{unit}: {:?}",
+            out.report.removed
+        );
+        check_valid(&out.messages).unwrap();
+    }
+    // When repair answers it, it goes out with a result and counts like any other.
+    let p = policy(json!({
+        "tool_call_window": {"max": 2},
+        "repair": {"unanswered_calls": "placeholder"}
+    }));
+    let out = rewrite(&msgs, &p);
+    assert_eq!(result_ids(&out.messages), ["c2", "c3"]);
+    let w = RemoveReason::ToolCallWindow;
+    assert_eq!(removed(&out.report), [(1, w), (2, w)]);
+}
+
 #[test]
 fn filter_keeps_text_of_emptied_assistant_and_drops_silent_one() {
     let msgs = messages(&fixture("tool_removal.json"));

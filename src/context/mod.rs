@@ -201,7 +201,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for the whole conversation, new text tokenised together.
     let counts = counter.messages(encoding, input.messages, input.ids);
-    let mut items: Vec<Item<'_>> = input
+    let items: Vec<Item<'_>> = input
         .messages
         .iter()
         .zip(counts)
@@ -231,8 +231,9 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     if let Some(filter) = &policy.tool_filter {
         tool_filter::apply(&mut work, filter);
     }
+    let repair = policy.repair();
     if let Some(window) = &policy.tool_call_window {
-        tool_window::apply(&mut work, window);
+        tool_window::apply(&mut work, window, repair.unanswered_calls);
     }
     if let Some(c) = &policy.compress_tool_output {
         compress::apply(&mut work, c);
@@ -240,7 +241,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     if let Some(s) = input.summary {
         summary::apply(&mut work, s);
     }
-    let repair = policy.repair();
     if let Some(b) = &policy.token_budget {
         budget::apply(
             &mut work,
