@@ -230,6 +230,37 @@ fn filter_placeholder_becomes_an_assistant_message() {
     assert_eq!(sent[note + 1]["id"], "rs_1");
 }
 
+/// Two calls of one turn share a `call_id`; the filter takes out the first. The call sent is the
+/// one the pipeline kept (by position in the turn, not the first with its id).
+#[test]
+fn a_turn_with_a_repeated_call_id_sends_the_call_that_was_kept() {
+    let items = vec![
+        json!({"role": "user", "content": "look it up"}),
+        json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "debug_tool", "arguments": "{}"}),
+        json!({"type": "function_call", "id": "fc_2", "call_id": "c1", "name": "search", "arguments": "{\"q\":1}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": "found"}),
+        json!({"type": "message", "role": "assistant", "content": "Found it."}),
+        json!({"role": "user", "content": "thanks"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(
+        &conv,
+        json!({
+            "tool_filter": {"exclude": ["debug_tool"], "placeholder": true},
+            "repair": {"unanswered_calls": "placeholder"}
+        }),
+    );
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    let calls: Vec<&Value> = sent
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls, [&items[2]], "{sent:?}");
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(report.removed[0].index, 1);
+}
+
 #[test]
 fn unknown_items_are_never_the_current_turn_or_removed_by_history_steps() {
     let f = fixture("mixed_items.json");
