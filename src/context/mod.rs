@@ -82,6 +82,11 @@ pub struct PipelineInput<'a> {
     pub summary: Option<&'a StoredSummary>,
     /// Tool access for the history scrub (step 1); `None` when the tenant has no `tools`.
     pub tool_access: Option<&'a ToolAccess>,
+    /// Whether the wire sends an assistant message's text and its tool calls apart, each with a
+    /// message's overhead (Responses input: a `message` item, then `function_call` items). A
+    /// message a step leaves with both (a placeholder line beside kept calls) is then counted as
+    /// the two it is sent as, so that `tokens_out` and the budget see what goes upstream.
+    pub text_apart_from_calls: bool,
 }
 
 impl<'a> PipelineInput<'a> {
@@ -95,6 +100,7 @@ impl<'a> PipelineInput<'a> {
             model,
             summary: None,
             tool_access: None,
+            text_apart_from_calls: false,
         }
     }
 }
@@ -221,6 +227,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         ids: input.ids,
         given: input.messages,
         calls: Vec::new(),
+        text_apart_from_calls: input.text_apart_from_calls,
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 

@@ -56,8 +56,9 @@ fn from_originals(m: &Message, items: &[Value], out: &mut Vec<Value>) {
     }
 }
 
-/// A call turn: text a step added (placeholder lines) first, then each kept call's original
-/// item with the reasoning items that led it or a dropped call before it.
+/// A call turn: text a step added (placeholder lines) first, as an assistant message item of its
+/// own (which the pipeline counts as such: `PipelineInput::text_apart_from_calls`), then each
+/// kept call's original item with the reasoning items that led it or a dropped call before it.
 fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
     if m.has_content() {
         out.push(json!({"type": "message", "role": "assistant", "content": m.content}));

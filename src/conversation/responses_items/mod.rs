@@ -26,8 +26,11 @@ use std::ops::Range;
 
 use serde_json::{Map, Value, json};
 
-use crate::context::{CallChange, Change, RemoveReason, Removed, RepairKind, Repaired, Report};
+use crate::context::{
+    CallChange, Change, PipelineInput, Policy, RemoveReason, Removed, RepairKind, Repaired, Report,
+};
 use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
+use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
 
@@ -144,6 +147,19 @@ impl ItemMessages {
         self.messages.push(m);
         self.item_index.push(index);
         self.ranges.push(range);
+    }
+
+    /// The pipeline's input for these messages, counted the way Responses sends them (see
+    /// [`PipelineInput::text_apart_from_calls`]); set the other fields as needed.
+    pub fn pipeline_input<'a>(
+        &'a self,
+        policy: &'a Policy,
+        model: ModelFacts,
+    ) -> PipelineInput<'a> {
+        PipelineInput {
+            text_apart_from_calls: true,
+            ..PipelineInput::new(&self.messages, policy, model)
+        }
     }
 
     /// Ids for the token cache, parallel to `messages`, from the chained ids of the items
