@@ -42,6 +42,33 @@ fn window_by_turn_counts_assistant_messages() {
     check_valid(&out.messages).unwrap();
 }
 
+/// A call without a result has no place in the window (SPEC: each tool result counts one):
+/// repair drops it, so counting it would leave fewer calls than `max`.
+#[test]
+fn window_counts_results_not_unanswered_calls() {
+    let msgs = messages(&fixture("unanswered_newest_call.json"));
+    for unit in ["call", "turn"] {
+        let p = policy(json!({"tool_call_window": {"max": 2, "unit": unit}}));
+        let out = rewrite(&msgs, &p);
+        assert_eq!(result_ids(&out.messages), ["c1", "c2"], "{unit}");
+        assert!(
+            out.report.removed.is_empty(),
+            "{unit}: {:?}",
+            out.report.removed
+        );
+        check_valid(&out.messages).unwrap();
+    }
+    // When repair answers it, it goes out with a result and counts like any other.
+    let p = policy(json!({
+        "tool_call_window": {"max": 2},
+        "repair": {"unanswered_calls": "placeholder"}
+    }));
+    let out = rewrite(&msgs, &p);
+    assert_eq!(result_ids(&out.messages), ["c2", "c3"]);
+    let w = RemoveReason::ToolCallWindow;
+    assert_eq!(removed(&out.report), [(1, w), (2, w)]);
+}
+
 #[test]
 fn filter_keeps_text_of_emptied_assistant_and_drops_silent_one() {
     let msgs = messages(&fixture("tool_removal.json"));
@@ -305,4 +332,57 @@ fn valid_conversation_passes_through_unchanged() {
     assert_eq!(out.report.tokens_in, out.report.tokens_out);
     let all: HashSet<_> = out.report.removed.iter().map(|r| r.index).collect();
     assert!(all.is_empty() && out.report.repaired.is_empty());
+}
+
+/// Older openai-node sent `"tool_calls": []`, which OpenAI refuses ("empty array").
+#[test]
+fn repair_drops_an_empty_tool_calls_key() {
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "hello", "tool_calls": []},
+        {"role": "assistant", "content": null, "tool_calls": []},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "in the current turn too", "tool_calls": []}
+    ]}));
+    let out = rewrite(&msgs, &policy(json!({})));
+    check_valid(&out.messages).unwrap();
+    let sent = wire(&out.messages);
+    assert_eq!(
+        sent,
+        [
+            json!({"role": "user", "content": "q1"}),
+            json!({"role": "assistant", "content": "hello"}),
+            json!({"role": "user", "content": "q2"}),
+            json!({"role": "assistant", "content": "in the current turn too"}),
+        ]
+    );
+    // only the silent one is a repair; dropping the key removes nothing
+    assert_eq!(repaired(&out.report), [(2, RepairKind::EmptyAssistant)]);
+    assert!(out.report.removed.is_empty());
+}
+
+/// A result sent after the last user message is in the current turn, which compression never
+/// touches, even when it answers a history call; repair still moves it back to that call.
+#[test]
+fn compression_leaves_a_late_result_in_the_current_turn_alone() {
+    let long = "word ".repeat(300);
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+        ]},
+        {"role": "user", "content": "q2"},
+        {"role": "tool", "tool_call_id": "c1", "content": long}
+    ]}));
+    let out = rewrite(&msgs, &compress_policy(50));
+    assert!(
+        out.report.compressed.is_empty(),
+        "{:?}",
+        out.report.compressed
+    );
+    assert_eq!(
+        out.messages,
+        [&msgs[0], &msgs[1], &msgs[3], &msgs[2]].map(Clone::clone)
+    );
+    assert_eq!(repaired(&out.report), [(3, RepairKind::MovedResult)]);
 }

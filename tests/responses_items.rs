@@ -4,7 +4,7 @@
 
 mod items_support;
 
-use ctxproxy::context::{PipelineInput, Policy, RemoveReason, RepairKind, Report, Rewritten, run};
+use ctxproxy::context::{Policy, RemoveReason, RepairKind, Report, Rewritten, run};
 use ctxproxy::conversation::responses_items::{ORIGINAL_KEY, to_items};
 use ctxproxy::conversation::{ItemMessages, Role, chain_ids};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -22,11 +22,7 @@ fn input(v: &Value) -> Vec<Value> {
 
 fn rewrite(conv: &ItemMessages, policy: Value) -> Rewritten {
     let policy: Policy = serde_json::from_value(policy).unwrap();
-    run(
-        PipelineInput::new(&conv.messages, &policy, MODEL),
-        &TokenCounter::new(),
-    )
-    .unwrap()
+    run(conv.pipeline_input(&policy, MODEL), &TokenCounter::new()).unwrap()
 }
 
 #[test]
@@ -228,6 +224,60 @@ fn filter_placeholder_becomes_an_assistant_message() {
         .unwrap();
     assert_eq!(sent[note]["role"], "assistant");
     assert_eq!(sent[note + 1]["id"], "rs_1");
+}
+
+/// Two calls of one turn share a `call_id`; the filter takes out the first. The call sent is the
+/// one the pipeline kept (by position in the turn, not the first with its id).
+#[test]
+fn a_turn_with_a_repeated_call_id_sends_the_call_that_was_kept() {
+    let items = vec![
+        json!({"role": "user", "content": "look it up"}),
+        json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "debug_tool", "arguments": "{}"}),
+        json!({"type": "function_call", "id": "fc_2", "call_id": "c1", "name": "search", "arguments": "{\"q\":1}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": "found"}),
+        json!({"type": "message", "role": "assistant", "content": "Found it."}),
+        json!({"role": "user", "content": "thanks"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(
+        &conv,
+        json!({
+            "tool_filter": {"exclude": ["debug_tool"], "placeholder": true},
+            "repair": {"unanswered_calls": "placeholder"}
+        }),
+    );
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    let calls: Vec<&Value> = sent
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls, [&items[2]], "{sent:?}");
+    let report = item_report(&conv, &items, &out);
+    assert_eq!(report.removed[0].index, 1);
+}
+
+/// The placeholder line of a turn that keeps calls is sent as an assistant `message` item of its
+/// own: the report counts it as that, and a budget of the reported count keeps what it kept when
+/// the items sent come back on the next pass.
+#[test]
+fn placeholder_line_is_counted_as_the_item_it_is_sent_as() {
+    let items = input(&fixture("agent_history.json"));
+    let conv = ItemMessages::new(None, &items);
+    let filter = json!({"exclude": ["search_hotels"], "placeholder": true});
+    let out = rewrite(&conv, json!({"tool_filter": filter}));
+    let sent = to_items(&out.messages);
+    let resent = ItemMessages::new(None, &sent);
+    let counter = TokenCounter::new();
+    let sent_tokens = counter.request(MODEL.encoding, &resent.messages, None, None);
+    assert_eq!(out.report.tokens_out, sent_tokens);
+
+    let budget = json!({"max_tokens": out.report.tokens_out});
+    let policy = json!({"tool_filter": filter, "token_budget": budget});
+    let first = to_items(&rewrite(&conv, policy.clone()).messages);
+    assert_eq!(first, sent);
+    let second = rewrite(&ItemMessages::new(None, &first), policy);
+    assert_eq!(to_items(&second.messages), first, "{:?}", second.report);
 }
 
 #[test]

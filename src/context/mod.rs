@@ -11,7 +11,10 @@
 //! 7. [`repair`]: the request made one the provider accepts, on everything
 //!
 //! Steps 2–6 change only the **history**, the messages before the last `user` message; the
-//! **current turn** (that message and all after it) is untouched by them.
+//! **current turn** (that message and all after it) is untouched by them. That goes by position:
+//! a late result of a history call that sits in the current turn is not compressed (repair moves
+//! it back to its call afterwards). The one exception is a removed call's result, which goes with
+//! its call wherever it sits (see `removal.rs`).
 //!
 //! The pipeline works on the shared [`Message`] model. The Responses API reuses it by mapping its
 //! items to messages (keeping the original item in `extra`) and back; nothing here is specific to
@@ -49,32 +52,6 @@ pub use tool_access::offered_tool_names;
 
 use work::{Item, Msg, Work, current_turn_start};
 
-/// A result belongs with its call: a late result of a history call is history too, so the steps
-/// treat it as they treat its call and a second run finds nothing left to do. Only results in the
-/// current turn can be late in this sense, so only they are linked.
-fn mark_late_results(items: &mut [Item<'_>], messages: &[Message], history_end: usize) {
-    let current = messages.get(history_end..).unwrap_or_default();
-    if !current.iter().any(|m| m.role == Role::Tool) {
-        return;
-    }
-    let at = |p: usize| &messages[p];
-    let is_caller = |m: &Message| m.role == Role::Assistant && m.has_tool_calls();
-    let mut last_caller = messages[..history_end].iter().rposition(is_caller);
-    let mut full = None;
-    for pos in history_end..messages.len() {
-        let link = match segments::link_near(at, pos, last_caller) {
-            Some(link) => link,
-            None => full.get_or_insert_with(|| segments::link_results(messages.iter()))[pos],
-        };
-        if let Some((owner, _)) = link {
-            items[pos].history = owner < history_end;
-        }
-        if is_caller(&messages[pos]) {
-            last_caller = Some(pos);
-        }
-    }
-}
-
 /// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolAccess {
@@ -105,6 +82,11 @@ pub struct PipelineInput<'a> {
     pub summary: Option<&'a StoredSummary>,
     /// Tool access for the history scrub (step 1); `None` when the tenant has no `tools`.
     pub tool_access: Option<&'a ToolAccess>,
+    /// Whether the wire sends an assistant message's text and its tool calls apart, each with a
+    /// message's overhead (Responses input: a `message` item, then `function_call` items). A
+    /// message a step leaves with both (a placeholder line beside kept calls) is then counted as
+    /// the two it is sent as, so that `tokens_out` and the budget see what goes upstream.
+    pub text_apart_from_calls: bool,
 }
 
 impl<'a> PipelineInput<'a> {
@@ -118,6 +100,7 @@ impl<'a> PipelineInput<'a> {
             model,
             summary: None,
             tool_access: None,
+            text_apart_from_calls: false,
         }
     }
 }
@@ -224,7 +207,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for the whole conversation, new text tokenised together.
     let counts = counter.messages(encoding, input.messages, input.ids);
-    let mut items: Vec<Item<'_>> = input
+    let items: Vec<Item<'_>> = input
         .messages
         .iter()
         .zip(counts)
@@ -236,7 +219,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
             history: index < history_end,
         })
         .collect();
-    mark_late_results(&mut items, input.messages, history_end);
     let mut work = Work {
         items,
         report: Report::default(),
@@ -245,6 +227,7 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         ids: input.ids,
         given: input.messages,
         calls: Vec::new(),
+        text_apart_from_calls: input.text_apart_from_calls,
     };
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
 
@@ -255,8 +238,9 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     if let Some(filter) = &policy.tool_filter {
         tool_filter::apply(&mut work, filter);
     }
+    let repair = policy.repair();
     if let Some(window) = &policy.tool_call_window {
-        tool_window::apply(&mut work, window);
+        tool_window::apply(&mut work, window, repair.unanswered_calls);
     }
     if let Some(c) = &policy.compress_tool_output {
         compress::apply(&mut work, c);
@@ -264,7 +248,6 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     if let Some(s) = input.summary {
         summary::apply(&mut work, s);
     }
-    let repair = policy.repair();
     if let Some(b) = &policy.token_budget {
         budget::apply(
             &mut work,

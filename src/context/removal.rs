@@ -10,11 +10,12 @@ use crate::conversation::{Message, Role, ToolCall};
 
 use super::report::{Change, RemoveReason};
 use super::segments::{link_near, link_results};
-use super::work::{Work, record_calls};
+use super::work::{Work, record_calls, sent_tokens};
 
 /// Removes the history calls for which `doomed(assistant position, call index, call)` is true,
-/// with their results. Calls in the current turn are never offered. (A result of a history call
-/// counts as history wherever it sits; see `work::Item::history`.)
+/// with their results. Calls in the current turn are never offered. A result goes with its call
+/// wherever it sits, also late in the current turn: left there it would be an orphan for repair,
+/// which would drop it under a vaguer name, or hand it to an older call that shares its id.
 pub(crate) fn remove_calls(
     work: &mut Work<'_>,
     reason: RemoveReason,
@@ -76,6 +77,7 @@ pub(crate) fn remove_calls(
         drop_pos = vec![false; n];
     }
     let encoding = work.encoding;
+    let apart = work.text_apart_from_calls;
     let given = work.given;
     let mut changes = Vec::new();
     let mut placeholders = 0u64;
@@ -111,7 +113,7 @@ pub(crate) fn remove_calls(
                 continue;
             }
         }
-        item.tokens = crate::tokens::message_tokens(encoding, msg);
+        item.tokens = sent_tokens(encoding, apart, msg);
     }
     work.report.placeholders += placeholders;
     work.calls.extend(changes);

@@ -3,7 +3,8 @@
 //! other role between them; every call id is answered exactly once; no assistant message is
 //! left with neither content nor tool calls. Orphan results are dropped, late results moved back
 //! to their call, duplicate ids keep the first, unanswered calls are dropped or answered with
-//! `[no result recorded]`.
+//! `[no result recorded]`. An assistant message's empty `tool_calls` array (older clients send
+//! `[]`), which OpenAI refuses, loses the key; that message is then judged by its content alone.
 //!
 //! Results stay in the order they came in: those already right after their call first, then the
 //! moved ones, then made-up ones, so a conversation that is already valid comes out unchanged.
@@ -16,7 +17,7 @@ use super::removal::has_payload;
 use super::report::{Change, RepairKind, Repaired};
 use super::segments::link_results;
 use super::work::{Item, Msg, Work, record_calls};
-use crate::conversation::Role;
+use crate::conversation::{Message, Role};
 
 pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
     // The usual case: nothing to repair, and no need to link every result to its call.
@@ -138,6 +139,12 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
             Role::Assistant if !has_payload(&item.msg) => {
                 repaired.push((pos, RepairKind::EmptyAssistant));
             }
+            Role::Assistant if has_empty_calls(&item.msg) => {
+                // Not reported: no call and no message goes, only a key OpenAI refuses (an
+                // empty list costs no tokens either).
+                item.msg.to_mut().tool_calls = None;
+                out.push(item);
+            }
             _ => out.push(item),
         }
     }
@@ -160,8 +167,9 @@ const PAIRWISE_CALLS: usize = 16;
 /// Whether repair would leave `items` as they are: every tool message is in the block right
 /// after an assistant message with tool calls, and each block answers exactly that message's
 /// calls (distinct ids, one result each, in any order); every assistant message has calls or a
-/// payload. Then every result links to its own block's call (that message is the nearest with
-/// tool calls before it), so repair finds no orphan, duplicate, moved result or unanswered call.
+/// payload, and none has an empty `tool_calls` array. Then every result links to its own
+/// block's call (that message is the nearest with tool calls before it), so repair finds no
+/// orphan, duplicate, moved result or unanswered call.
 fn already_valid(items: &[Item<'_>]) -> bool {
     let mut pos = 0;
     while pos < items.len() {
@@ -193,9 +201,14 @@ fn already_valid(items: &[Item<'_>]) -> bool {
                 }
                 pos += block;
             }
-            Role::Assistant if !has_payload(msg) => return false,
+            Role::Assistant if !has_payload(msg) || has_empty_calls(msg) => return false,
             _ => {}
         }
     }
     true
+}
+
+/// Whether `msg` has a `tool_calls` array with nothing in it.
+fn has_empty_calls(msg: &Message) -> bool {
+    matches!(&msg.tool_calls, Some(Some(calls)) if calls.is_empty())
 }

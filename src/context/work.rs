@@ -11,7 +11,7 @@ use std::ops::Deref;
 use serde_json::Value;
 
 use crate::conversation::{Message, MessageId, Role};
-use crate::tokens::{Encoding, TokenCounter, message_tokens};
+use crate::tokens::{Encoding, MESSAGE_OVERHEAD, TokenCounter, message_tokens};
 
 use super::report::{CallChange, Change, RemoveReason, Removed, Report};
 
@@ -81,7 +81,8 @@ pub(crate) struct Item<'a> {
     /// Position in the conversation as given; `None` for messages the pipeline made.
     pub index: Option<usize>,
     pub tokens: u64,
-    /// Before the last `user` message (steps 2–6 may change it), or the result of a call that is.
+    /// Before the last `user` message (steps 2–6 may change it). By position only: a late
+    /// result of a history call that sits in the current turn is not history.
     pub history: bool,
 }
 
@@ -104,12 +105,14 @@ pub(crate) struct Work<'a> {
     pub given: &'a [Message],
     /// Changes to single calls, beside the report (see [`CallChange`]).
     pub calls: Vec<CallChange>,
+    /// See [`PipelineInput::text_apart_from_calls`](super::PipelineInput).
+    pub text_apart_from_calls: bool,
 }
 
 impl<'a> Work<'a> {
-    /// Counts a message made or changed by the pipeline.
+    /// Counts a message made or changed by the pipeline, as it is sent.
     pub fn count(&self, m: &Message) -> u64 {
-        message_tokens(self.encoding, m)
+        sent_tokens(self.encoding, self.text_apart_from_calls, m)
     }
 
     /// Tokens of all messages (without the request overhead and tools).
@@ -157,6 +160,20 @@ impl<'a> Work<'a> {
             }
         }
         self.items.truncate(write);
+    }
+}
+
+/// Tokens of `m` as sent. With `text_apart_from_calls`, an assistant message with both text and
+/// tool calls goes as a text message and a message of calls (as [`to_items`] emits it), which
+/// costs one more message's overhead and role than the single message chat sends.
+///
+/// [`to_items`]: crate::conversation::responses_items::to_items
+pub(crate) fn sent_tokens(encoding: Encoding, text_apart_from_calls: bool, m: &Message) -> u64 {
+    let tokens = message_tokens(encoding, m);
+    if text_apart_from_calls && m.has_content() && m.has_tool_calls() {
+        tokens + MESSAGE_OVERHEAD + encoding.count(m.role.as_str())
+    } else {
+        tokens
     }
 }
 

@@ -113,6 +113,7 @@ pub async fn rewrite(
                 model: facts,
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
+                text_apart_from_calls: false,
             };
             // The messages are ours: the kept ones are moved into the output, not cloned.
             let plan = context::plan(input, &state.tokens)?;
@@ -164,13 +165,11 @@ pub async fn rewrite(
                 (None, _) => summarize::Prepared::default(),
             };
             let input = PipelineInput {
-                messages: &conv.messages,
                 ids: item_ids.as_deref(),
                 tools: tools_json.as_ref(),
-                policy: &tenant.policy,
-                model: facts,
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
+                ..conv.pipeline_input(&tenant.policy, facts)
             };
             let rewritten = context::run(input, &state.tokens)?;
             call.put_items(responses_items::to_items(&rewritten.messages));

@@ -86,11 +86,9 @@ pub fn check_valid(messages: &[Message]) -> Result<(), String> {
                     if !m.has_tool_calls() && !has_payload(m) {
                         return Err(format!("assistant message {i} is empty"));
                     }
-                    if matches!(m.tool_calls, Some(Some(ref c)) if c.is_empty()) && !has_payload(m)
-                    {
-                        return Err(format!(
-                            "assistant message {i} has only an empty tool_calls"
-                        ));
+                    // OpenAI: "Invalid 'messages[i].tool_calls': empty array", text or not.
+                    if matches!(m.tool_calls, Some(Some(ref c)) if c.is_empty()) {
+                        return Err(format!("assistant message {i} has an empty tool_calls"));
                     }
                     if m.has_tool_calls() {
                         let ids: Vec<String> =

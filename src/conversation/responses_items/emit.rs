@@ -6,9 +6,11 @@
 //! `output` replaced. Messages the pipeline made (repair's `[no result recorded]`, a summary)
 //! are written fresh.
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value, json};
 
-use super::{INSTRUCTIONS_KEY, Kind, ORIGINAL_KEY, kind};
+use super::{CALL_ITEM_KEY, INSTRUCTIONS_KEY, Kind, ORIGINAL_KEY, kind};
 use crate::conversation::{Message, Role};
 
 /// The items to send for the (rewritten) `messages`; the instructions message is left out.
@@ -54,25 +56,24 @@ fn from_originals(m: &Message, items: &[Value], out: &mut Vec<Value>) {
     }
 }
 
-/// A call turn: text a step added (placeholder lines) first, then each kept call's original
-/// item with the reasoning items that led it or a dropped call before it.
+/// A call turn: text a step added (placeholder lines) first, as an assistant message item of its
+/// own (which the pipeline counts as such: `PipelineInput::text_apart_from_calls`), then each
+/// kept call's original item with the reasoning items that led it or a dropped call before it.
 fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
     if m.has_content() {
         out.push(json!({"type": "message", "role": "assistant", "content": m.content}));
     }
-    let mut kept: Vec<&str> = m.tool_calls().iter().map(|c| c.id.as_str()).collect();
+    // By position, not by `call_id`: ids may repeat within a turn.
+    let kept: HashSet<u64> = m
+        .tool_calls()
+        .iter()
+        .filter_map(|c| c.extra.get(CALL_ITEM_KEY).and_then(Value::as_u64))
+        .collect();
     let mut pending: Vec<&Value> = Vec::new();
-    for item in items {
+    for (k, item) in items.iter().enumerate() {
         if kind(item) != Kind::Call {
             pending.push(item);
-            continue;
-        }
-        let id = item
-            .get("call_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if let Some(pos) = kept.iter().position(|k| *k == id) {
-            kept.remove(pos);
+        } else if kept.contains(&(k as u64)) {
             out.extend(pending.drain(..).cloned());
             out.push(item.clone());
         }

@@ -26,8 +26,11 @@ use std::ops::Range;
 
 use serde_json::{Map, Value, json};
 
-use crate::context::{CallChange, Change, RemoveReason, Removed, RepairKind, Repaired, Report};
+use crate::context::{
+    CallChange, Change, PipelineInput, Policy, RemoveReason, Removed, RepairKind, Repaired, Report,
+};
 use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
+use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
 
@@ -35,6 +38,10 @@ pub use emit::to_items;
 pub const ORIGINAL_KEY: &str = "__ctxproxy_items";
 /// The private `extra` key marking the message made from `instructions`.
 pub const INSTRUCTIONS_KEY: &str = "__ctxproxy_instructions";
+/// The private `extra` key of a call-turn message's tool call holding the position of its
+/// `function_call` item among the message's items. `call_id`s may repeat within a turn, so this
+/// is how [`to_items`] knows which items are the calls the pipeline kept.
+pub(crate) const CALL_ITEM_KEY: &str = "__ctxproxy_item";
 
 /// What an input item is, as far as the mapping cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +147,19 @@ impl ItemMessages {
         self.messages.push(m);
         self.item_index.push(index);
         self.ranges.push(range);
+    }
+
+    /// The pipeline's input for these messages, counted the way Responses sends them (see
+    /// [`PipelineInput::text_apart_from_calls`]); set the other fields as needed.
+    pub fn pipeline_input<'a>(
+        &'a self,
+        policy: &'a Policy,
+        model: ModelFacts,
+    ) -> PipelineInput<'a> {
+        PipelineInput {
+            text_apart_from_calls: true,
+            ..PipelineInput::new(&self.messages, policy, model)
+        }
     }
 
     /// Ids for the token cache, parallel to `messages`, from the chained ids of the items
@@ -349,8 +369,9 @@ fn str_field(item: &Value, key: &str) -> String {
 fn call_turn(items: &[Value]) -> Message {
     let calls = items
         .iter()
-        .filter(|it| kind(it) == Kind::Call)
-        .map(|it| ToolCall {
+        .enumerate()
+        .filter(|(_, it)| kind(it) == Kind::Call)
+        .map(|(k, it)| ToolCall {
             id: str_field(it, "call_id"),
             kind: Some("function".into()),
             function: FunctionCall {
@@ -358,7 +379,7 @@ fn call_turn(items: &[Value]) -> Message {
                 arguments: str_field(it, "arguments"),
                 extra: Map::new(),
             },
-            extra: Map::new(),
+            extra: Map::from_iter([(CALL_ITEM_KEY.to_string(), Value::from(k))]),
         })
         .collect();
     let mut m = Message::text(Role::Assistant, "");
