@@ -950,3 +950,34 @@ async fn unusually_framed_stream_with_a_large_event_is_stored_whole() {
         json!({"id": "audio_9", "transcript": "Hi you", "data": "AAAABBBB"})
     );
 }
+
+/// A client that never finishes its request headers is disconnected (slowloris): the
+/// connection used to stay open for ever, and held up shutdown for the whole grace period.
+#[tokio::test]
+async fn a_client_that_never_finishes_its_headers_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let opts = ProxyOptions {
+        header_read_timeout: Some(std::time::Duration::from_millis(300)),
+        ..Default::default()
+    };
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    // Bounded only so that a regression fails instead of hanging the suite.
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tcp.read_to_end(&mut rest),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(_)) | Ok(Err(_))),
+        "the connection was still open after 30 s"
+    );
+    // An ordinary request on a new connection is served as before.
+    let ok = client().get(proxy.url("/healthz")).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+}

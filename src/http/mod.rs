@@ -12,6 +12,7 @@ pub mod passthrough;
 pub mod preview;
 pub mod request_id;
 pub mod rewrite;
+pub mod serve;
 pub mod shape;
 pub mod tenant;
 

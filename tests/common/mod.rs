@@ -36,6 +36,8 @@ pub struct ProxyOptions {
     /// `None`: a fresh SQLite file in the temp folder.
     pub database_url: Option<String>,
     pub shutdown_grace_s: u64,
+    /// `None`: the server's default.
+    pub header_read_timeout: Option<std::time::Duration>,
 }
 
 impl Default for ProxyOptions {
@@ -49,6 +51,7 @@ impl Default for ProxyOptions {
             max_body_bytes: 32 * 1024 * 1024,
             database_url: None,
             shutdown_grace_s: 5,
+            header_read_timeout: None,
         }
     }
 }
@@ -123,7 +126,10 @@ impl Proxy {
         let mut config = load_config(&path).expect("test config loads");
         // Set directly rather than through the environment, which tests share.
         config.admin_token = Some(ADMIN_TOKEN.to_string());
-        let server = Server::bind(config, None).await.expect("proxy binds");
+        let mut server = Server::bind(config, None).await.expect("proxy binds");
+        if let Some(timeout) = opts.header_read_timeout {
+            server = server.with_header_read_timeout(timeout);
+        }
         let addr = server.local_addr().unwrap();
         let state = server.state();
         let (stop, stopped) = oneshot::channel::<()>();
