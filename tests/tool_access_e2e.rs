@@ -337,3 +337,138 @@ async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
     let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(count >= 1.0, "{line}");
 }
+
+async fn responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {
+    client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Every shape of `tool_choice` that names a tool is checked: chat's `allowed_tools` list,
+/// a Responses built-in tool (named by its type), and custom tools in both APIs.
+#[tokio::test]
+async fn every_tool_choice_shape_naming_a_forbidden_tool_is_403() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let chat_choices = [
+        json!({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "search_web"}},
+            {"type": "function", "function": {"name": "delete_all"}}
+        ]}}),
+        json!({"type": "custom", "custom": {"name": "delete_all"}}),
+    ];
+    for choice in chat_choices {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": all_tools(), "tool_choice": choice});
+        let resp = chat(&proxy, "sk-viewer", body, None).await;
+        assert_eq!(resp.status(), 403, "{choice}");
+        let v: Value = resp.json().await.unwrap();
+        let err = assert_openai_error(&v);
+        assert_eq!(err["code"], "tool_not_allowed", "{choice}");
+        assert_eq!(err["param"], "tool_choice", "{choice}");
+        assert!(
+            err["message"].as_str().unwrap().contains("delete_all"),
+            "{v}"
+        );
+    }
+    let responses_choices = [
+        (json!({"type": "web_search"}), "web_search"),
+        (
+            json!({"type": "custom", "name": "delete_all"}),
+            "delete_all",
+        ),
+        (
+            json!({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "code_interpreter"}]}),
+            "code_interpreter",
+        ),
+    ];
+    for (choice, name) in responses_choices {
+        let body = json!({"model": "m", "input": "hi", "tool_choice": choice,
+            "tools": [{"type": "web_search"}, {"type": "function", "name": "search_web"}]});
+        let resp = responses(&proxy, "sk-viewer", body).await;
+        assert_eq!(resp.status(), 403, "{choice}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(name),
+            "{v}"
+        );
+    }
+    assert!(mock.requests().is_empty(), "the upstream was not called");
+    // Choices naming allowed tools pass, in either shape.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "tools": all_tools(), "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "search_web"}}]}}});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let body = json!({"model": "m", "input": "hi", "tools": [{"type": "web_search"}],
+        "tool_choice": {"type": "web_search"}});
+    assert_eq!(responses(&proxy, "sk-admin", body).await.status(), 200);
+}
+
+fn custom_tool(name: &str) -> Value {
+    json!({"type": "custom", "custom": {"name": name, "description": "free text"}})
+}
+
+fn custom_call(id: &str, name: &str) -> Value {
+    json!({"id": id, "type": "custom", "custom": {"name": name, "input": "SELECT 1"}})
+}
+
+/// Chat custom tools are named by `custom.name`: in `tools`, in `tool_calls` of the current
+/// turn and of the history; a custom call goes upstream as it came (no `function` added).
+#[tokio::test]
+async fn custom_tools_and_calls_are_named_by_custom_name() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let tools = json!([custom_tool("search_web"), custom_tool("delete_all")]);
+    let allowed_call = custom_call("c1", "search_web");
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": null, "tool_calls": [allowed_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(
+        sent["tools"],
+        json!([tools[0]]),
+        "only the allowed custom tool"
+    );
+    assert_eq!(sent["messages"][1]["tool_calls"], json!([allowed_call]));
+
+    // A custom call to a forbidden tool in the current turn is refused by its name.
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "wipe"},
+        {"role": "assistant", "content": null, "tool_calls": [custom_call("c2", "delete_all")]},
+        {"role": "tool", "tool_call_id": "c2", "content": "gone"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        "The tool 'delete_all' is not allowed for this role."
+    );
+
+    // In the history, a custom call to an offered tool stays; one to a tool not offered goes.
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": null, "tool_calls": [allowed_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "assistant", "content": null, "tool_calls": [custom_call("c3", "delete_all")]},
+        {"role": "tool", "tool_call_id": "c3", "content": "gone"},
+        {"role": "user", "content": "next"}
+    ]});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    let text = sent["messages"].to_string();
+    assert!(
+        text.contains("\"c1\"") && !text.contains("\"c3\""),
+        "{text}"
+    );
+    assert_eq!(sent["messages"][1]["tool_calls"], json!([allowed_call]));
+}

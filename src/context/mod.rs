@@ -45,7 +45,7 @@ pub use report::{
     CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
 };
 pub use summary::{StoredSummary, SummaryPlan, plan_summary};
-pub use tool_access::offered_tool_names;
+pub use tool_access::{offered_tool_names, tool_name};
 
 use work::{Item, Msg, Work, current_turn_start};
 

@@ -214,8 +214,8 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
         .map_or(0, |i| i + 1);
     for m in &messages[start..] {
         for call in m.tool_calls() {
-            if !allowed.permits(&call.function.name) {
-                return Err(access::forbidden(&call.function.name, CONVERSATION_PARAM));
+            if !allowed.permits(call.name()) {
+                return Err(access::forbidden(call.name(), CONVERSATION_PARAM));
             }
         }
     }

@@ -24,10 +24,10 @@ mod emit;
 
 use std::ops::Range;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::context::{CallChange, Change, RemoveReason, Removed, RepairKind, Repaired, Report};
-use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
+use crate::conversation::{Message, MessageId, Role, ToolCall, message_id};
 
 pub use emit::to_items;
 
@@ -350,15 +350,12 @@ fn call_turn(items: &[Value]) -> Message {
     let calls = items
         .iter()
         .filter(|it| kind(it) == Kind::Call)
-        .map(|it| ToolCall {
-            id: str_field(it, "call_id"),
-            kind: Some("function".into()),
-            function: FunctionCall {
-                name: str_field(it, "name"),
-                arguments: str_field(it, "arguments"),
-                extra: Map::new(),
-            },
-            extra: Map::new(),
+        .map(|it| {
+            ToolCall::function(
+                str_field(it, "call_id"),
+                str_field(it, "name"),
+                str_field(it, "arguments"),
+            )
         })
         .collect();
     let mut m = Message::text(Role::Assistant, "");
