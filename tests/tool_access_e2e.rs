@@ -348,6 +348,54 @@ async fn responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// OpenAI rejects `tools: []`, and `tool_choice` or `parallel_tool_calls` without tools: when
+/// the role may use none of the tools offered, the request goes without all three.
+#[tokio::test]
+async fn a_cut_that_leaves_no_tool_sends_no_tools_and_no_tool_options() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let chat_body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool("delete_all")],
+        "tool_choice": "required",
+        "parallel_tool_calls": true
+    });
+    assert_eq!(
+        chat(&proxy, "sk-viewer", chat_body.clone(), None)
+            .await
+            .status(),
+        200
+    );
+    let responses_body = json!({
+        "model": "m",
+        "input": "hi",
+        "tools": [{"type": "function", "name": "delete_all"}, {"type": "web_search"}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": false
+    });
+    let resp = responses(&proxy, "sk-viewer", responses_body.clone()).await;
+    assert_eq!(resp.status(), 200);
+    let seen = mock.requests();
+    for sent in [&seen[0], &seen[1]] {
+        let sent = sent.body_json().unwrap();
+        for key in ["tools", "tool_choice", "parallel_tool_calls"] {
+            assert!(sent.get(key).is_none(), "{key} was sent: {sent}");
+        }
+    }
+    // A role that keeps a tool sends the options as they came.
+    assert_eq!(
+        chat(&proxy, "sk-admin", chat_body, None).await.status(),
+        200
+    );
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(tool_names(&sent), ["delete_all"]);
+    assert_eq!(
+        (&sent["tool_choice"], &sent["parallel_tool_calls"]),
+        (&json!("required"), &json!(true))
+    );
+}
+
 /// Every shape of `tool_choice` that names a tool is checked: chat's `allowed_tools` list,
 /// a Responses built-in tool (named by its type), and custom tools in both APIs.
 #[tokio::test]
@@ -471,4 +519,32 @@ async fn custom_tools_and_calls_are_named_by_custom_name() {
         "{text}"
     );
     assert_eq!(sent["messages"][1]["tool_calls"], json!([allowed_call]));
+}
+
+/// SPEC 3: tokens-in is the request as the client sent it, before the role's cut.
+#[tokio::test]
+async fn tokens_in_counts_the_tools_the_client_sent() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let tokens = |resp: &reqwest::Response| {
+        let header =
+            |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+        (
+            header("x-ctxproxy-tokens-in"),
+            header("x-ctxproxy-tokens-out"),
+        )
+    };
+    let (admin_in, admin_out) = tokens(&chat(&proxy, "sk-admin", body.clone(), None).await);
+    assert_eq!(admin_in, admin_out, "nothing cut");
+    let (viewer_in, viewer_out) = tokens(&chat(&proxy, "sk-viewer", body.clone(), None).await);
+    assert_eq!(viewer_in, admin_in, "the client's three tools");
+    assert!(viewer_out < viewer_in, "{viewer_out} < {viewer_in}");
+
+    let body = json!({"model": "gpt-4o", "input": "hi", "tools": [
+        {"type": "function", "name": "search_web"}, {"type": "function", "name": "delete_all"}]});
+    let (admin_in, _) = tokens(&responses(&proxy, "sk-admin", body.clone()).await);
+    let (viewer_in, viewer_out) = tokens(&responses(&proxy, "sk-viewer", body).await);
+    assert_eq!(viewer_in, admin_in);
+    assert!(viewer_out < viewer_in, "{viewer_out} < {viewer_in}");
 }

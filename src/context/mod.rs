@@ -96,6 +96,10 @@ pub struct PipelineInput<'a> {
     pub ids: Option<&'a [MessageId]>,
     /// The request's `tools` array as sent upstream (counted into the request's tokens).
     pub tools: Option<&'a Value>,
+    /// The `tools` array as the client sent it, when the role's cut changed it: `tokens_in`
+    /// counts it (the request before rewriting, SPEC 3), `tokens_out` counts `tools`. `None`:
+    /// both count `tools`.
+    pub client_tools: Option<&'a Value>,
     /// The tenant's policy merged over the server defaults.
     pub policy: &'a Policy,
     /// Encoding and context window of the request's model.
@@ -114,6 +118,7 @@ impl<'a> PipelineInput<'a> {
             messages,
             ids: None,
             tools: None,
+            client_tools: None,
             policy,
             model,
             summary: None,
@@ -246,7 +251,10 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         given: input.messages,
         calls: Vec::new(),
     };
-    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+    let client_tools_tokens = input
+        .client_tools
+        .map_or(tools_tokens, |t| counter.tools(encoding, t));
+    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + client_tools_tokens;
 
     let policy = input.policy;
     if let Some(access) = input.tool_access.filter(|a| a.scrub_history) {

@@ -99,6 +99,28 @@ impl Call {
         }
     }
 
+    /// Leaves out, with `tools`, the options OpenAI accepts only beside them: a `tool_choice`
+    /// mode (`auto`, `none`, `required`) and `parallel_tool_calls`. A `tool_choice` object
+    /// names a tool, so it stays (one the role may not use was refused before this).
+    pub fn drop_tool_options(&mut self) {
+        match self {
+            Call::Chat(r) => {
+                r.tools = None;
+                if r.tool_choice.as_ref().is_some_and(Value::is_string) {
+                    r.tool_choice = None;
+                }
+                r.extra.remove("parallel_tool_calls");
+            }
+            Call::Responses(r) => {
+                r.tools = None;
+                if r.extra.get("tool_choice").is_some_and(Value::is_string) {
+                    r.extra.remove("tool_choice");
+                }
+                r.extra.remove("parallel_tool_calls");
+            }
+        }
+    }
+
     pub fn tool_choice(&self) -> Option<&Value> {
         match self {
             Call::Chat(r) => r.tool_choice.as_ref(),
