@@ -548,3 +548,47 @@ async fn tokens_in_counts_the_tools_the_client_sent() {
     assert_eq!(viewer_in, admin_in);
     assert!(viewer_out < viewer_in, "{viewer_out} < {viewer_in}");
 }
+
+/// Chat's deprecated `functions` and `function_call` name tools too: they are cut and checked
+/// like `tools` and `tool_choice`, and a legacy `function_call` in the current turn like a
+/// tool call.
+#[tokio::test]
+async fn legacy_functions_and_function_call_are_under_the_same_rules() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let functions = json!([{"name": "search_web"}, {"name": "delete_all"}]);
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    let body = json!({"model": "m", "messages": hi, "functions": functions,
+        "function_call": {"name": "delete_all"}});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "function_call");
+
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": "wipe"},
+        {"role": "assistant", "content": null, "function_call": {"name": "delete_all", "arguments": "{}"}},
+        {"role": "function", "name": "delete_all", "content": "gone"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+    assert!(mock.requests().is_empty());
+
+    let body =
+        json!({"model": "m", "messages": hi, "functions": functions, "function_call": "auto"});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let body =
+        json!({"model": "m", "messages": hi, "functions": [functions[1]], "function_call": "auto"});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let seen = mock.requests();
+    let sent = seen[0].body_json().unwrap();
+    assert_eq!(sent["functions"], json!([functions[0]]));
+    assert_eq!(sent["function_call"], "auto");
+    let sent = seen[1].body_json().unwrap();
+    assert!(
+        sent.get("functions").is_none() && sent.get("function_call").is_none(),
+        "{sent}"
+    );
+}

@@ -9,7 +9,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::Tenant;
 pub use crate::context::tool_name;
@@ -153,6 +153,35 @@ pub fn check_tool_choice(choice: Option<&Value>, allowed: &Allowed) -> Result<()
         Some(name) => Err(forbidden(name, "tool_choice")),
         None => Ok(()),
     }
+}
+
+/// Chat's deprecated `functions` and `function_call` (OpenAI still accepts them) under the same
+/// rules as `tools` and `tool_choice`: `functions` is cut to what the role may use, a
+/// `function_call` naming a forbidden function is 403, and when the cut leaves no function both
+/// go (a `function_call` mode without functions is refused upstream). `body` holds the request's
+/// fields other than those the proxy types.
+pub fn cut_legacy_functions(body: &mut Map<String, Value>, allowed: &Allowed) -> Result<()> {
+    if let Some(name) = body
+        .get("function_call")
+        .and_then(|c| c.get("name"))
+        .and_then(Value::as_str)
+        && !allowed.permits(name)
+    {
+        return Err(forbidden(name, "function_call"));
+    }
+    let Some(Value::Array(functions)) = body.get_mut("functions") else {
+        return Ok(());
+    };
+    let offered = functions.len();
+    functions
+        .retain(|f| allowed.permits(f.get("name").and_then(Value::as_str).unwrap_or_default()));
+    if functions.is_empty() && offered > 0 {
+        body.remove("functions");
+        if body.get("function_call").is_some_and(Value::is_string) {
+            body.remove("function_call");
+        }
+    }
+    Ok(())
 }
 
 /// The 403 for a tool the role may not use.

@@ -121,6 +121,15 @@ impl Call {
         }
     }
 
+    /// A chat request's fields that the proxy does not type (where the deprecated `functions`
+    /// and `function_call` are); `None` for Responses.
+    pub fn chat_extra_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        match self {
+            Call::Chat(r) => Some(&mut r.extra),
+            Call::Responses(_) => None,
+        }
+    }
+
     pub fn tool_choice(&self) -> Option<&Value> {
         match self {
             Call::Chat(r) => r.tool_choice.as_ref(),

@@ -72,6 +72,9 @@ pub fn cut_tools(
         tools_in.as_deref().unwrap_or_default(),
     )?;
     access::check_tool_choice(call.tool_choice(), &allowed)?;
+    if let Some(body) = call.chat_extra_mut() {
+        access::cut_legacy_functions(body, &allowed)?;
+    }
     let Some(tools) = tools_in else {
         return Ok(ToolCut {
             allowed,
@@ -247,9 +250,15 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
         .rposition(|m| m.role == Role::User)
         .map_or(0, |i| i + 1);
     for m in &messages[start..] {
-        for call in m.tool_calls() {
-            if !allowed.permits(call.name()) {
-                return Err(access::forbidden(call.name(), CONVERSATION_PARAM));
+        // A deprecated `function_call` of an assistant message names its function too.
+        let legacy = m
+            .extra
+            .get("function_call")
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str);
+        for name in m.tool_calls().iter().map(|c| c.name()).chain(legacy) {
+            if !allowed.permits(name) {
+                return Err(access::forbidden(name, CONVERSATION_PARAM));
             }
         }
     }
