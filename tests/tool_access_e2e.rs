@@ -592,3 +592,40 @@ async fn legacy_functions_and_function_call_are_under_the_same_rules() {
         "{sent}"
     );
 }
+
+/// A Responses `custom_tool_call` item in the current turn is checked by its `name`.
+#[tokio::test]
+async fn a_responses_custom_tool_call_in_the_current_turn_is_checked() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let input = |name: &str| {
+        json!([
+            {"role": "user", "content": "go"},
+            {"type": "custom_tool_call", "call_id": "c1", "name": name, "input": "x"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"}
+        ])
+    };
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input("delete_all")}),
+    )
+    .await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "input");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("delete_all")
+    );
+    assert!(mock.requests().is_empty());
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input("search_web")}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}
