@@ -287,7 +287,7 @@ fn every_problem_in_one_server_file_is_reported_in_one_run() {
     for line in [
         "ctxproxy.yaml: server.max_body_bytes: expected an integer",
         "ctxproxy.yaml: defaults.repair.unanswered_calls: unknown variant `maybe`, expected one of drop, placeholder",
-        "ctxproxy.yaml: models.x*.context_window: expected an integer",
+        "ctxproxy.yaml: models.x*.context_window: expected a non-negative integer",
     ] {
         assert!(has_line(&out, line), "{line}\n{out}");
     }
@@ -547,4 +547,89 @@ fn an_unusable_listen_address_or_session_header_is_a_problem() {
         ),
         "{out}"
     );
+}
+
+/// Policies the types accept but that cannot mean anything sensible are problems, in a tenant's
+/// `policy` and in the server file's `defaults` alike, each named by file and key path.
+#[test]
+fn contradictory_or_out_of_range_policies_are_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "a",
+                "keys: any\npolicy:\n  tool_filter: { include: [x], exclude: [y] }\n  token_budget: {}\n",
+            ),
+            (
+                "b",
+                "keys: [{sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}]\npolicy:\n  tool_filter: {}\n  token_budget: { max_tokens: 100, target_ratio: 0.5 }\n  summary: { model: m, trigger_tokens: 1000, target_tokens: 1000 }\n",
+            ),
+            (
+                "c",
+                "keys: [{sha256: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752}]\npolicy:\n  token_budget: { target_ratio: 1.5 }\n  tool_call_window: { max: -1 }\n",
+            ),
+        ],
+    );
+    let text = std::fs::read_to_string(&server).unwrap();
+    std::fs::write(
+        &server,
+        format!("{text}server: {{ max_body_bytes: -1 }}\ndefaults:\n  token_budget: {{ target_ratio: 0 }}\n  summary: {{ model: m, trigger_tokens: 100 }}\n"),
+    )
+    .unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    // The server file is named by the path it was given.
+    let out = out.replace(&server.display().to_string(), "ctxproxy.yaml");
+    let lines = [
+        "tenants/a.yaml: policy.tool_filter: give either include or exclude, not both",
+        "tenants/a.yaml: policy.token_budget: give max_tokens or target_ratio",
+        "tenants/b.yaml: policy.tool_filter: give include or exclude (a list of tool names)",
+        "tenants/b.yaml: policy.token_budget: give either max_tokens or target_ratio, not both",
+        "tenants/b.yaml: policy.summary.target_tokens: must be less than trigger_tokens (1000 is not less than 1000)",
+        "tenants/c.yaml: policy.token_budget.target_ratio: expected a number above 0 and at most 1, found 1.5",
+        "tenants/c.yaml: policy.tool_call_window.max: expected a non-negative integer",
+        "ctxproxy.yaml: server.max_body_bytes: expected a non-negative integer",
+        "ctxproxy.yaml: defaults.token_budget.target_ratio: expected a number above 0 and at most 1, found 0",
+        "ctxproxy.yaml: defaults.summary.target_tokens: must be less than trigger_tokens (30000 is not less than 100)",
+    ];
+    for line in lines {
+        assert!(has_line(&out, line), "{line}\n{out}");
+    }
+    assert_eq!(problem_lines(&out).len(), lines.len(), "{out}");
+}
+
+/// A tenant with roles but no `default_role` refuses (403 unknown_role) every request whose
+/// key has no role: check-config warns, and the tenant still loads.
+#[test]
+fn roles_without_a_default_role_warn_about_keys_that_have_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let roles = "tools:\n  roles:\n    viewer: [search_web]\n";
+    let server = write(
+        dir.path(),
+        &[
+            ("open", &format!("keys: any\n{roles}")),
+            (
+                "keyed",
+                &format!(
+                    "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    role: viewer\n  - sha256: 60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752\n{roles}"
+                ),
+            ),
+            (
+                "fine",
+                &format!(
+                    "keys:\n  - sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n    role: viewer\n{roles}"
+                ),
+            ),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    for line in [
+        "warning: tenants/open.yaml: tools.default_role: not set, and keys: any gives requests no role; such requests get 403 unknown_role",
+        "warning: tenants/keyed.yaml: tools.default_role: not set, and keys[1] has no role; such requests get 403 unknown_role",
+    ] {
+        assert!(has_line(&out, line), "{line}\n{out}");
+    }
+    assert!(!out.contains("fine.yaml"), "{out}");
 }

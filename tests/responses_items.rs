@@ -67,7 +67,7 @@ fn items_map_to_chat_shaped_messages() {
     let turn = &conv.messages[3];
     let ids: Vec<&str> = turn.tool_calls().iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["call_a", "call_b"]);
-    assert_eq!(turn.tool_calls()[1].function.name, "get_weather");
+    assert_eq!(turn.tool_calls()[1].name(), "get_weather");
     assert_eq!(turn.extra[ORIGINAL_KEY].as_array().unwrap().len(), 4);
     assert_eq!(conv.messages[4].tool_call_id.as_deref(), Some("call_a"));
     assert_eq!(

@@ -337,3 +337,295 @@ async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
     let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(count >= 1.0, "{line}");
 }
+
+async fn responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {
+    client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// OpenAI rejects `tools: []`, and `tool_choice` or `parallel_tool_calls` without tools: when
+/// the role may use none of the tools offered, the request goes without all three.
+#[tokio::test]
+async fn a_cut_that_leaves_no_tool_sends_no_tools_and_no_tool_options() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let chat_body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool("delete_all")],
+        "tool_choice": "required",
+        "parallel_tool_calls": true
+    });
+    assert_eq!(
+        chat(&proxy, "sk-viewer", chat_body.clone(), None)
+            .await
+            .status(),
+        200
+    );
+    let responses_body = json!({
+        "model": "m",
+        "input": "hi",
+        "tools": [{"type": "function", "name": "delete_all"}, {"type": "web_search"}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": false
+    });
+    let resp = responses(&proxy, "sk-viewer", responses_body.clone()).await;
+    assert_eq!(resp.status(), 200);
+    let seen = mock.requests();
+    for sent in [&seen[0], &seen[1]] {
+        let sent = sent.body_json().unwrap();
+        for key in ["tools", "tool_choice", "parallel_tool_calls"] {
+            assert!(sent.get(key).is_none(), "{key} was sent: {sent}");
+        }
+    }
+    // A role that keeps a tool sends the options as they came.
+    assert_eq!(
+        chat(&proxy, "sk-admin", chat_body, None).await.status(),
+        200
+    );
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(tool_names(&sent), ["delete_all"]);
+    assert_eq!(
+        (&sent["tool_choice"], &sent["parallel_tool_calls"]),
+        (&json!("required"), &json!(true))
+    );
+}
+
+/// Every shape of `tool_choice` that names a tool is checked: chat's `allowed_tools` list,
+/// a Responses built-in tool (named by its type), and custom tools in both APIs.
+#[tokio::test]
+async fn every_tool_choice_shape_naming_a_forbidden_tool_is_403() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let chat_choices = [
+        json!({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "search_web"}},
+            {"type": "function", "function": {"name": "delete_all"}}
+        ]}}),
+        json!({"type": "custom", "custom": {"name": "delete_all"}}),
+    ];
+    for choice in chat_choices {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": all_tools(), "tool_choice": choice});
+        let resp = chat(&proxy, "sk-viewer", body, None).await;
+        assert_eq!(resp.status(), 403, "{choice}");
+        let v: Value = resp.json().await.unwrap();
+        let err = assert_openai_error(&v);
+        assert_eq!(err["code"], "tool_not_allowed", "{choice}");
+        assert_eq!(err["param"], "tool_choice", "{choice}");
+        assert!(
+            err["message"].as_str().unwrap().contains("delete_all"),
+            "{v}"
+        );
+    }
+    let responses_choices = [
+        (json!({"type": "web_search"}), "web_search"),
+        (
+            json!({"type": "custom", "name": "delete_all"}),
+            "delete_all",
+        ),
+        (
+            json!({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "code_interpreter"}]}),
+            "code_interpreter",
+        ),
+    ];
+    for (choice, name) in responses_choices {
+        let body = json!({"model": "m", "input": "hi", "tool_choice": choice,
+            "tools": [{"type": "web_search"}, {"type": "function", "name": "search_web"}]});
+        let resp = responses(&proxy, "sk-viewer", body).await;
+        assert_eq!(resp.status(), 403, "{choice}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(name),
+            "{v}"
+        );
+    }
+    assert!(mock.requests().is_empty(), "the upstream was not called");
+    // Choices naming allowed tools pass, in either shape.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "tools": all_tools(), "tool_choice": {"type": "allowed_tools", "allowed_tools": {
+            "mode": "auto", "tools": [{"type": "function", "function": {"name": "search_web"}}]}}});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let body = json!({"model": "m", "input": "hi", "tools": [{"type": "web_search"}],
+        "tool_choice": {"type": "web_search"}});
+    assert_eq!(responses(&proxy, "sk-admin", body).await.status(), 200);
+}
+
+fn custom_tool(name: &str) -> Value {
+    json!({"type": "custom", "custom": {"name": name, "description": "free text"}})
+}
+
+fn custom_call(id: &str, name: &str) -> Value {
+    json!({"id": id, "type": "custom", "custom": {"name": name, "input": "SELECT 1"}})
+}
+
+/// Chat custom tools are named by `custom.name`: in `tools`, in `tool_calls` of the current
+/// turn and of the history; a custom call goes upstream as it came (no `function` added).
+#[tokio::test]
+async fn custom_tools_and_calls_are_named_by_custom_name() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let tools = json!([custom_tool("search_web"), custom_tool("delete_all")]);
+    let allowed_call = custom_call("c1", "search_web");
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": null, "tool_calls": [allowed_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(
+        sent["tools"],
+        json!([tools[0]]),
+        "only the allowed custom tool"
+    );
+    assert_eq!(sent["messages"][1]["tool_calls"], json!([allowed_call]));
+
+    // A custom call to a forbidden tool in the current turn is refused by its name.
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "wipe"},
+        {"role": "assistant", "content": null, "tool_calls": [custom_call("c2", "delete_all")]},
+        {"role": "tool", "tool_call_id": "c2", "content": "gone"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        "The tool 'delete_all' is not allowed for this role."
+    );
+
+    // In the history, a custom call to an offered tool stays; one to a tool not offered goes.
+    let body = json!({"model": "m", "tools": tools, "messages": [
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": null, "tool_calls": [allowed_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "assistant", "content": null, "tool_calls": [custom_call("c3", "delete_all")]},
+        {"role": "tool", "tool_call_id": "c3", "content": "gone"},
+        {"role": "user", "content": "next"}
+    ]});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    let text = sent["messages"].to_string();
+    assert!(
+        text.contains("\"c1\"") && !text.contains("\"c3\""),
+        "{text}"
+    );
+    assert_eq!(sent["messages"][1]["tool_calls"], json!([allowed_call]));
+}
+
+/// SPEC 3: tokens-in is the request as the client sent it, before the role's cut.
+#[tokio::test]
+async fn tokens_in_counts_the_tools_the_client_sent() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let body = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "tools": all_tools()});
+    let tokens = |resp: &reqwest::Response| {
+        let header =
+            |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+        (
+            header("x-ctxproxy-tokens-in"),
+            header("x-ctxproxy-tokens-out"),
+        )
+    };
+    let (admin_in, admin_out) = tokens(&chat(&proxy, "sk-admin", body.clone(), None).await);
+    assert_eq!(admin_in, admin_out, "nothing cut");
+    let (viewer_in, viewer_out) = tokens(&chat(&proxy, "sk-viewer", body.clone(), None).await);
+    assert_eq!(viewer_in, admin_in, "the client's three tools");
+    assert!(viewer_out < viewer_in, "{viewer_out} < {viewer_in}");
+
+    let body = json!({"model": "gpt-4o", "input": "hi", "tools": [
+        {"type": "function", "name": "search_web"}, {"type": "function", "name": "delete_all"}]});
+    let (admin_in, _) = tokens(&responses(&proxy, "sk-admin", body.clone()).await);
+    let (viewer_in, viewer_out) = tokens(&responses(&proxy, "sk-viewer", body).await);
+    assert_eq!(viewer_in, admin_in);
+    assert!(viewer_out < viewer_in, "{viewer_out} < {viewer_in}");
+}
+
+/// Chat's deprecated `functions` and `function_call` name tools too: they are cut and checked
+/// like `tools` and `tool_choice`, and a legacy `function_call` in the current turn like a
+/// tool call.
+#[tokio::test]
+async fn legacy_functions_and_function_call_are_under_the_same_rules() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let functions = json!([{"name": "search_web"}, {"name": "delete_all"}]);
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    let body = json!({"model": "m", "messages": hi, "functions": functions,
+        "function_call": {"name": "delete_all"}});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "function_call");
+
+    let body = json!({"model": "m", "messages": [
+        {"role": "user", "content": "wipe"},
+        {"role": "assistant", "content": null, "function_call": {"name": "delete_all", "arguments": "{}"}},
+        {"role": "function", "name": "delete_all", "content": "gone"}
+    ]});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+    assert!(mock.requests().is_empty());
+
+    let body =
+        json!({"model": "m", "messages": hi, "functions": functions, "function_call": "auto"});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let body =
+        json!({"model": "m", "messages": hi, "functions": [functions[1]], "function_call": "auto"});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let seen = mock.requests();
+    let sent = seen[0].body_json().unwrap();
+    assert_eq!(sent["functions"], json!([functions[0]]));
+    assert_eq!(sent["function_call"], "auto");
+    let sent = seen[1].body_json().unwrap();
+    assert!(
+        sent.get("functions").is_none() && sent.get("function_call").is_none(),
+        "{sent}"
+    );
+}
+
+/// A Responses `custom_tool_call` item in the current turn is checked by its `name`.
+#[tokio::test]
+async fn a_responses_custom_tool_call_in_the_current_turn_is_checked() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let input = |name: &str| {
+        json!([
+            {"role": "user", "content": "go"},
+            {"type": "custom_tool_call", "call_id": "c1", "name": name, "input": "x"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"}
+        ])
+    };
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input("delete_all")}),
+    )
+    .await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "input");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("delete_all")
+    );
+    assert!(mock.requests().is_empty());
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input("search_web")}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}

@@ -9,9 +9,10 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::Tenant;
+pub use crate::context::tool_name;
 use crate::error::{Error, Result};
 pub use role::resolve_role;
 
@@ -37,15 +38,6 @@ impl Allowed {
     pub fn cut_anything(&self, total: usize) -> bool {
         self.kept.len() != total
     }
-}
-
-/// The name of a tool definition: `function.name` (chat), `name` (Responses), else its `type`
-/// (built-in tools such as `web_search`).
-pub fn tool_name(tool: &Value) -> Option<&str> {
-    tool.pointer("/function/name")
-        .or_else(|| tool.get("name"))
-        .or_else(|| tool.get("type"))
-        .and_then(Value::as_str)
 }
 
 type CacheKey = (String, Option<String>, u64);
@@ -138,33 +130,55 @@ fn compute(tenant: &Tenant, role: Option<&str>, tools: &[Value]) -> Result<Allow
     })
 }
 
-/// 403 when `tool_choice` forces a tool the role may not use (chat and Responses shapes, and
-/// `allowed_tools` lists).
+/// 403 when `tool_choice` names a tool the role may not use: the tool it forces (a function,
+/// a custom tool, or a built-in one by its type), or any tool of an `allowed_tools` list (chat:
+/// `allowed_tools.tools`; Responses: `tools`). A string (`auto`, `none`, `required`) names none.
 pub fn check_tool_choice(choice: Option<&Value>, allowed: &Allowed) -> Result<()> {
-    let Some(choice) = choice else {
+    let Some(choice @ Value::Object(_)) = choice else {
         return Ok(());
     };
-    let mut names: Vec<&str> = Vec::new();
-    if let Some(n) = choice
-        .pointer("/function/name")
-        .or_else(|| choice.get("name"))
+    let named: Vec<&str> = if choice.get("type").and_then(Value::as_str) == Some("allowed_tools") {
+        choice
+            .pointer("/allowed_tools/tools")
+            .or_else(|| choice.get("tools"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(tool_name)
+            .collect()
+    } else {
+        tool_name(choice).into_iter().collect()
+    };
+    match named.into_iter().find(|name| !allowed.permits(name)) {
+        Some(name) => Err(forbidden(name, "tool_choice")),
+        None => Ok(()),
+    }
+}
+
+/// Chat's deprecated `functions` and `function_call` (OpenAI still accepts them) under the same
+/// rules as `tools` and `tool_choice`: `functions` is cut to what the role may use, a
+/// `function_call` naming a forbidden function is 403, and when the cut leaves no function both
+/// go (a `function_call` mode without functions is refused upstream). `body` holds the request's
+/// fields other than those the proxy types.
+pub fn cut_legacy_functions(body: &mut Map<String, Value>, allowed: &Allowed) -> Result<()> {
+    if let Some(name) = body
+        .get("function_call")
+        .and_then(|c| c.get("name"))
         .and_then(Value::as_str)
+        && !allowed.permits(name)
     {
-        names.push(n);
+        return Err(forbidden(name, "function_call"));
     }
-    for t in choice
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        if let Some(n) = tool_name(t) {
-            names.push(n);
-        }
-    }
-    for name in names {
-        if !allowed.permits(name) {
-            return Err(forbidden(name, "tool_choice"));
+    let Some(Value::Array(functions)) = body.get_mut("functions") else {
+        return Ok(());
+    };
+    let offered = functions.len();
+    functions
+        .retain(|f| allowed.permits(f.get("name").and_then(Value::as_str).unwrap_or_default()));
+    if functions.is_empty() && offered > 0 {
+        body.remove("functions");
+        if body.get("function_call").is_some_and(Value::is_string) {
+            body.remove("function_call");
         }
     }
     Ok(())
@@ -175,5 +189,80 @@ pub fn forbidden(name: &str, param: &str) -> Error {
     Error::ToolNotAllowed {
         message: format!("The tool '{name}' is not allowed for this role."),
         param: Some(param.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn allowed(globs: &[&str]) -> Allowed {
+        let mut builder = GlobSetBuilder::new();
+        for g in globs {
+            builder.add(Glob::new(g).unwrap());
+        }
+        Allowed {
+            role: Some("r".into()),
+            kept: Vec::new(),
+            offered: HashSet::new(),
+            matcher: Some(builder.build().unwrap()),
+        }
+    }
+
+    #[test]
+    fn tools_are_named_as_their_calls_name_them() {
+        for (tool, name) in [
+            (json!({"type": "function", "function": {"name": "f"}}), "f"),
+            (json!({"type": "function", "name": "f"}), "f"),
+            (json!({"type": "custom", "custom": {"name": "c"}}), "c"),
+            (json!({"type": "custom", "name": "c"}), "c"),
+            (json!({"type": "web_search"}), "web_search"),
+            (json!({"type": "mcp", "server_label": "wiki"}), "mcp"),
+            (json!({"function": {"name": "f"}}), "f"),
+        ] {
+            assert_eq!(tool_name(&tool), Some(name), "{tool}");
+        }
+        assert_eq!(tool_name(&json!({"type": "function"})), None);
+    }
+
+    #[test]
+    fn tool_choice_is_checked_in_every_shape_that_names_a_tool() {
+        let viewer = allowed(&["search_web"]);
+        let forbidden = [
+            json!({"type": "function", "function": {"name": "delete_all"}}),
+            json!({"type": "function", "name": "delete_all"}),
+            json!({"type": "custom", "custom": {"name": "delete_all"}}),
+            json!({"type": "custom", "name": "delete_all"}),
+            json!({"type": "web_search"}),
+            json!({"type": "mcp", "server_label": "wiki", "name": "read"}),
+            json!({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+                {"type": "function", "function": {"name": "search_web"}},
+                {"type": "function", "function": {"name": "delete_all"}}]}}),
+            json!({"type": "allowed_tools", "mode": "auto", "tools": [{"type": "file_search"}]}),
+        ];
+        for choice in forbidden {
+            assert!(
+                matches!(
+                    check_tool_choice(Some(&choice), &viewer),
+                    Err(Error::ToolNotAllowed { .. })
+                ),
+                "{choice}"
+            );
+        }
+        let fine = [
+            json!("required"),
+            json!("none"),
+            json!({"type": "function", "function": {"name": "search_web"}}),
+            json!({"type": "custom", "custom": {"name": "search_web"}}),
+            json!({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+                {"type": "function", "function": {"name": "search_web"}}]}}),
+        ];
+        for choice in fine {
+            assert!(
+                check_tool_choice(Some(&choice), &viewer).is_ok(),
+                "{choice}"
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod server;
 pub mod tenant;
+mod validate;
 pub mod watch;
 mod yaml;
 
@@ -166,6 +167,13 @@ impl Config {
                 });
             }
         }
+        let read: Vec<String> = problems.iter().map(|p| p.message.clone()).collect();
+        for message in validate::policy_problems(&server.defaults, "defaults", &read) {
+            problems.push(Problem {
+                file: file_label.clone(),
+                message,
+            });
+        }
         let models = ModelTable::new(&server.models).unwrap_or_else(|_| ModelTable::built_in());
 
         let tenants_dir = server.tenants_dir.clone();
@@ -217,9 +225,20 @@ impl Config {
             stems.insert(name.clone(), label.clone());
             // A file with problems still goes on to the checks below with what of it could be
             // read, so its other problems and warnings are reported in the same run.
+            let before = problems.len();
             if let Some(tf) = read_yaml::<TenantFile>(&file, &label, &mut problems) {
-                let (tenant, mut found, mut warns) =
-                    build_tenant(name, tf, &server, upstream_override.as_deref(), &label);
+                let read: Vec<String> = problems[before..]
+                    .iter()
+                    .map(|p| p.message.clone())
+                    .collect();
+                let (tenant, mut found, mut warns) = build_tenant(
+                    name,
+                    tf,
+                    &server,
+                    upstream_override.as_deref(),
+                    &label,
+                    &read,
+                );
                 problems.append(&mut found);
                 warnings.append(&mut warns);
                 tenants.push((label, Arc::new(tenant)));
@@ -359,6 +378,7 @@ fn build_tenant(
     server: &ServerFile,
     upstream_override: Option<&str>,
     label: &str,
+    read_problems: &[String],
 ) -> (Tenant, Vec<Problem>, Vec<Problem>) {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
@@ -437,6 +457,7 @@ fn build_tenant(
             }
         }
     }
+    warnings.extend(validate::roleless_keys_warning(&file).map(problem));
     for (role, globs) in roles {
         for g in globs {
             if let Err(e) = globset::Glob::new(g) {
@@ -446,6 +467,11 @@ fn build_tenant(
             }
         }
     }
+    problems.extend(
+        validate::policy_problems(&file.policy, "policy", read_problems)
+            .into_iter()
+            .map(problem),
+    );
     let policy = file.policy.merged_over(&server.defaults);
     let tenant = Tenant {
         name,

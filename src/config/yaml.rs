@@ -30,10 +30,10 @@ pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
         Ok(value) => return (Some(value), Vec::new()),
         Err(f) => f,
     };
-    let mut problems = vec![failure.render(&failure.path)];
     let mut tree = match serde_saphyr::from_str::<Node>(text) {
         Ok(tree) => tree,
         Err(e) => {
+            let mut problems = vec![failure.render(&failure.path)];
             // Not YAML after all. Either the first problem was this syntax error, then it is
             // told with its position rather than a path that stops mid-key (`server.?`), or
             // the first problem came before it, then the syntax error is a second one.
@@ -46,6 +46,8 @@ pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             return (None, problems);
         }
     };
+    failure.refine(&tree);
+    let mut problems = vec![failure.render(&failure.path)];
     let mut cuts = Cuts::default();
     for _ in 0..MAX_PASSES {
         if !cuts.cut(&mut tree, &failure.path, &failure.kind) {
@@ -58,7 +60,8 @@ pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             // With a list entry cut, later entries moved up: checks on the value would name
             // them by the wrong index, so the value is only given when none was.
             Ok(value) => return ((!cuts.shifted_indexes()).then_some(value), problems),
-            Err(next) => {
+            Err(mut next) => {
+                next.refine(&tree);
                 // A problem without a path would carry a position in the rewritten text, not in
                 // the file; the file has a problem already, so stop rather than mislead.
                 if next.path.is_empty() {
@@ -79,9 +82,20 @@ struct Failure {
     path: Vec<Seg>,
     kind: Kind,
     detail: String,
+    /// The field wanted an unsigned integer.
+    unsigned: bool,
 }
 
 impl Failure {
+    /// serde-saphyr's error does not carry the value, so a negative number where an unsigned
+    /// integer belongs would read "expected an integer", which -1 is: the value in the tree
+    /// (as cut so far, where the path points) tells that case apart.
+    fn refine(&mut self, tree: &Node) {
+        if self.unsigned && tree.at(&self.path).is_some_and(Node::is_negative) {
+            self.detail = "expected a non-negative integer".into();
+        }
+    }
+
     fn render(&self, path: &[Seg]) -> String {
         if path.is_empty() {
             self.detail.clone()
@@ -132,6 +146,7 @@ fn attempt<T: DeserializeOwned>(text: &str) -> Result<T, Failure> {
                 path,
                 kind: kind(&inner),
                 detail,
+                unsigned: unsigned(&inner),
             });
             inner
         })
@@ -141,6 +156,7 @@ fn attempt<T: DeserializeOwned>(text: &str) -> Result<T, Failure> {
             path: Vec::new(),
             kind: Kind::Other,
             detail: first_line(&e.to_string()),
+            unsigned: false,
         })
     })
 }
@@ -151,6 +167,16 @@ fn kind(err: &YamlError) -> Kind {
         YamlError::SerdeMissingField { field, .. } => Kind::MissingField(field.to_string()),
         _ => Kind::Other,
     }
+}
+
+fn unsigned(err: &YamlError) -> bool {
+    matches!(
+        innermost(err),
+        YamlError::InvalidScalar {
+            ty: "u8" | "u16" | "u32" | "u64" | "u128" | "usize",
+            ..
+        }
+    )
 }
 
 fn innermost(mut err: &YamlError) -> &YamlError {
@@ -267,8 +293,26 @@ mod tests {
     fn wrong_type_names_the_key_path() {
         let err = first::<Outer>("budget:\n  max_tokens: abc\n");
         assert_eq!(err, "budget.max_tokens: expected an integer");
-        let err = first::<Outer>("budget:\n  max_tokens: -3\n");
+        let err = first::<Outer>("budget:\n  max_tokens: 2.5\n");
         assert_eq!(err, "budget.max_tokens: expected an integer");
+    }
+
+    #[test]
+    fn a_negative_number_for_an_unsigned_field_says_non_negative() {
+        let err = first::<Outer>("budget:\n  max_tokens: -3\n");
+        assert_eq!(err, "budget.max_tokens: expected a non-negative integer");
+        // Also in a later pass, and in a list entry.
+        let (_, problems) = parse_all::<Doc>(
+            "limits: { size: x, grace: -1 }\nentries: [{ name: a, weight: -2 }]\n",
+        );
+        assert_eq!(
+            problems,
+            [
+                "limits.size: expected an integer",
+                "limits.grace: expected a non-negative integer",
+                "entries[0].weight: expected a non-negative integer"
+            ]
+        );
     }
 
     #[test]

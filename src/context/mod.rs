@@ -48,7 +48,7 @@ pub use report::{
     CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
 };
 pub use summary::{StoredSummary, SummaryPlan, plan_summary};
-pub use tool_access::offered_tool_names;
+pub use tool_access::{offered_tool_names, tool_name};
 
 use work::{Item, Msg, Work, current_turn_start};
 
@@ -73,6 +73,10 @@ pub struct PipelineInput<'a> {
     pub ids: Option<&'a [MessageId]>,
     /// The request's `tools` array as sent upstream (counted into the request's tokens).
     pub tools: Option<&'a Value>,
+    /// The `tools` array as the client sent it, when the role's cut changed it: `tokens_in`
+    /// counts it (the request before rewriting, SPEC 3), `tokens_out` counts `tools`. `None`:
+    /// both count `tools`.
+    pub client_tools: Option<&'a Value>,
     /// The tenant's policy merged over the server defaults.
     pub policy: &'a Policy,
     /// Encoding and context window of the request's model.
@@ -96,6 +100,7 @@ impl<'a> PipelineInput<'a> {
             messages,
             ids: None,
             tools: None,
+            client_tools: None,
             policy,
             model,
             summary: None,
@@ -229,7 +234,10 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
         calls: Vec::new(),
         text_apart_from_calls: input.text_apart_from_calls,
     };
-    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+    let client_tools_tokens = input
+        .client_tools
+        .map_or(tools_tokens, |t| counter.tools(encoding, t));
+    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + client_tools_tokens;
 
     let policy = input.policy;
     if let Some(access) = input.tool_access.filter(|a| a.scrub_history) {

@@ -146,7 +146,7 @@ fn take_calls(msg: &mut Message, indices: &[usize]) -> Vec<String> {
     if let Some(calls) = msg.tool_calls_mut() {
         for &i in indices.iter().rev() {
             if i < calls.len() {
-                names.push(calls.remove(i).function.name);
+                names.push(calls.remove(i).name().to_string());
             }
         }
     }

@@ -26,6 +26,6 @@ pub(crate) fn apply(work: &mut Work<'_>, filter: &ToolFilter) {
         work,
         RemoveReason::ToolFilter,
         filter.placeholder,
-        |_, _, call| filter.removes(&call.function.name),
+        |_, _, call| filter.removes(call.name()),
     );
 }

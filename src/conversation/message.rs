@@ -132,17 +132,63 @@ impl From<WireMessage> for Message {
     }
 }
 
-/// One tool call of an assistant message.
+/// One tool call of an assistant message: a function call (`function`: name and JSON
+/// arguments) or a custom tool call (`"type": "custom"`, `custom`: name and free-text input).
+/// Each part is kept only if it was sent, so a custom call is never re-emitted with an empty
+/// `function` beside its `custom`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     #[serde(default)]
     pub id: String,
     #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    #[serde(default)]
-    pub function: FunctionCall,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom: Option<CustomCall>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+impl ToolCall {
+    /// A function call.
+    pub fn function(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: Some("function".into()),
+            function: Some(FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+                extra: Map::new(),
+            }),
+            custom: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// The name of the tool called: `function.name`, or `custom.name` for a custom tool call;
+    /// empty when the call names none.
+    pub fn name(&self) -> &str {
+        match (&self.function, &self.custom) {
+            (Some(f), _) => &f.name,
+            (None, Some(c)) => &c.name,
+            (None, None) => "",
+        }
+    }
+
+    /// What the call passes to the tool: `function.arguments` (JSON text), or a custom tool
+    /// call's `custom.input`.
+    pub fn arguments(&self) -> &str {
+        match (&self.function, &self.custom) {
+            (Some(f), _) => &f.arguments,
+            (None, Some(c)) => &c.input,
+            (None, None) => "",
+        }
+    }
 }
 
 /// The function named by a tool call and its JSON-encoded arguments.
@@ -152,6 +198,17 @@ pub struct FunctionCall {
     pub name: String,
     #[serde(default)]
     pub arguments: String,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// The custom tool named by a custom tool call and its free-text input.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CustomCall {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub input: String,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -239,6 +296,22 @@ mod tests {
         }
         let m = Message::deserialize_value(&json!({"role": "user", "name": null})).unwrap();
         assert_eq!(m.name, None, "the typed field holds strings only");
+    }
+
+    #[test]
+    fn a_custom_tool_call_is_named_by_custom_and_re_emitted_as_received() {
+        let wire = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "custom", "custom": {"name": "run_sql", "input": "SELECT 1"}},
+            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ]});
+        let m = Message::deserialize_value(&wire).unwrap();
+        assert_eq!(serde_json::to_value(&m).unwrap(), wire);
+        let calls = m.tool_calls();
+        assert_eq!(
+            (calls[0].name(), calls[0].arguments()),
+            ("run_sql", "SELECT 1")
+        );
+        assert_eq!((calls[1].name(), calls[1].arguments()), ("f", "{}"));
     }
 
     #[test]

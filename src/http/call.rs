@@ -99,6 +99,37 @@ impl Call {
         }
     }
 
+    /// Leaves out, with `tools`, the options OpenAI accepts only beside them: a `tool_choice`
+    /// mode (`auto`, `none`, `required`) and `parallel_tool_calls`. A `tool_choice` object
+    /// names a tool, so it stays (one the role may not use was refused before this).
+    pub fn drop_tool_options(&mut self) {
+        match self {
+            Call::Chat(r) => {
+                r.tools = None;
+                if r.tool_choice.as_ref().is_some_and(Value::is_string) {
+                    r.tool_choice = None;
+                }
+                r.extra.remove("parallel_tool_calls");
+            }
+            Call::Responses(r) => {
+                r.tools = None;
+                if r.extra.get("tool_choice").is_some_and(Value::is_string) {
+                    r.extra.remove("tool_choice");
+                }
+                r.extra.remove("parallel_tool_calls");
+            }
+        }
+    }
+
+    /// A chat request's fields that the proxy does not type (where the deprecated `functions`
+    /// and `function_call` are); `None` for Responses.
+    pub fn chat_extra_mut(&mut self) -> Option<&mut Map<String, Value>> {
+        match self {
+            Call::Chat(r) => Some(&mut r.extra),
+            Call::Responses(_) => None,
+        }
+    }
+
     pub fn tool_choice(&self) -> Option<&Value> {
         match self {
             Call::Chat(r) => r.tool_choice.as_ref(),

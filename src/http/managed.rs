@@ -250,7 +250,7 @@ async fn prepare(
     let store = state.store.as_ref();
 
     // Step 1 of SPEC 5 first: a forbidden tool is refused before anything is stored.
-    let allowed = rewrite::cut_tools(state, selected, headers, &mut call)?;
+    let cut = rewrite::cut_tools(state, selected, headers, &mut call)?;
 
     let mode = history_mode(headers, tenant)?;
     let scope = Scope {
@@ -261,7 +261,7 @@ async fn prepare(
         wire: incoming,
         typed,
     } = call.take_conversation()?;
-    rewrite::check_incoming_turn(&incoming, typed.as_deref(), &allowed)?;
+    rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     let previous = match call.previous_response_id() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
@@ -356,7 +356,7 @@ async fn prepare(
         config,
         tenant,
         headers,
-        &allowed,
+        &cut,
         &mut call,
         rewrite::Conversation {
             session: &resolved.id,
@@ -381,7 +381,7 @@ async fn prepare(
         request_id: log.request_id.clone(),
         report: None,
         started: log.started,
-        allowed: (!tenant.file.tools.roles.is_empty()).then(|| allowed.clone()),
+        allowed: (!tenant.file.tools.roles.is_empty()).then(|| cut.allowed.clone()),
         summary_job: None,
     };
     let rewritten = match rewritten {

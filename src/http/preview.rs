@@ -49,7 +49,7 @@ async fn preview(
     let tenant = selected.tenant.clone();
     let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
     let mut call = Call::parse(endpoint, &bytes)?;
-    let allowed = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
+    let cut = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
     let mode = history_mode(&headers, &tenant)?;
     let Taken {
         wire: incoming,
@@ -115,7 +115,7 @@ async fn preview(
         &config,
         &tenant,
         &headers,
-        &allowed,
+        &cut,
         &mut call,
         Conversation {
             session: session_id.as_deref().unwrap_or_default(),

@@ -45,14 +45,24 @@ pub struct Outcome {
     pub summary_job: Option<summarize::Job>,
 }
 
+/// The role's cut of a request's `tools` (SPEC 6).
+pub struct ToolCut {
+    pub allowed: Arc<access::Allowed>,
+    /// The `tools` array as the client sent it, kept when the cut changed it: tokens-in counts
+    /// the request as the client sent it, before rewriting (SPEC 3).
+    pub client_tools: Option<Value>,
+}
+
 /// Resolves the role and cuts the request's `tools` to what it may use; a `tool_choice` naming
-/// a forbidden tool is refused (SPEC 6).
+/// a forbidden tool is refused (SPEC 6). When the cut leaves no tool, `tools` is left out
+/// rather than sent empty, and so are the options that need tools (see
+/// [`Call::drop_tool_options`]).
 pub fn cut_tools(
     state: &AppState,
     selected: &Selected,
     headers: &HeaderMap,
     call: &mut Call,
-) -> Result<Arc<access::Allowed>> {
+) -> Result<ToolCut> {
     let tenant = &selected.tenant;
     let role = access::resolve_role(tenant, selected.key_role.as_deref(), headers)?;
     let tools_in = call.tools_mut().take();
@@ -62,9 +72,31 @@ pub fn cut_tools(
         tools_in.as_deref().unwrap_or_default(),
     )?;
     access::check_tool_choice(call.tool_choice(), &allowed)?;
-    *call.tools_mut() =
-        tools_in.map(|tools| allowed.kept.iter().map(|&i| tools[i].clone()).collect());
-    Ok(allowed)
+    if let Some(body) = call.chat_extra_mut() {
+        access::cut_legacy_functions(body, &allowed)?;
+    }
+    let Some(tools) = tools_in else {
+        return Ok(ToolCut {
+            allowed,
+            client_tools: None,
+        });
+    };
+    if !allowed.cut_anything(tools.len()) {
+        *call.tools_mut() = Some(tools);
+        return Ok(ToolCut {
+            allowed,
+            client_tools: None,
+        });
+    }
+    if allowed.kept.is_empty() {
+        call.drop_tool_options();
+    } else {
+        *call.tools_mut() = Some(allowed.kept.iter().map(|&i| tools[i].clone()).collect());
+    }
+    Ok(ToolCut {
+        allowed,
+        client_tools: Some(Value::Array(tools)),
+    })
 }
 
 /// Rewrites `call`'s conversation in place. Errors about the conversation name chat's
@@ -75,13 +107,15 @@ pub async fn rewrite(
     config: &Config,
     tenant: &Arc<Tenant>,
     headers: &HeaderMap,
-    allowed: &access::Allowed,
+    cut: &ToolCut,
     call: &mut Call,
     conversation: Conversation<'_>,
     purpose: Purpose,
 ) -> Result<Outcome> {
     let facts = config.models.lookup(call.model());
+    let allowed = cut.allowed.as_ref();
     let tools_json = call.tools_mut().clone().map(Value::Array);
+    let client_tools = cut.client_tools.as_ref();
     let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
         offered: allowed.offered.clone(),
         scrub_history: tenant.file.tools.scrub_history,
@@ -109,6 +143,7 @@ pub async fn rewrite(
                 messages: &messages,
                 ids: Some(ids),
                 tools: tools_json.as_ref(),
+                client_tools,
                 policy: &tenant.policy,
                 model: facts,
                 summary: summary.applied(),
@@ -136,17 +171,18 @@ pub async fn rewrite(
                 // An id the proxy does not know: the upstream holds history the proxy never
                 // saw, so a rewrite would be blind (repair would drop the results of calls only
                 // the upstream knows). The items go as received; only the tokens are reported.
-                let tokens = state.tokens.request(
-                    facts.encoding,
-                    &conv.messages,
-                    item_ids.as_deref(),
-                    tools_json.as_ref(),
-                );
+                let tokens = |tools| {
+                    state
+                        .tokens
+                        .request(facts.encoding, &conv.messages, item_ids.as_deref(), tools)
+                };
+                let tokens_out = tokens(tools_json.as_ref());
+                let tokens_in = client_tools.map_or(tokens_out, |t| tokens(Some(t)));
                 call.put_items(wire);
                 return Ok(Outcome {
                     report: Some(Report {
-                        tokens_in: tokens,
-                        tokens_out: tokens,
+                        tokens_in,
+                        tokens_out,
                         ..Report::default()
                     }),
                     summary_job: None,
@@ -167,6 +203,7 @@ pub async fn rewrite(
             let input = PipelineInput {
                 ids: item_ids.as_deref(),
                 tools: tools_json.as_ref(),
+                client_tools,
                 summary: summary.applied(),
                 tool_access: tool_access.as_ref(),
                 ..conv.pipeline_input(&tenant.policy, facts)
@@ -212,9 +249,25 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
         .rposition(|m| m.role == Role::User)
         .map_or(0, |i| i + 1);
     for m in &messages[start..] {
-        for call in m.tool_calls() {
-            if !allowed.permits(&call.function.name) {
-                return Err(access::forbidden(&call.function.name, CONVERSATION_PARAM));
+        // A deprecated `function_call` of an assistant message names its function too.
+        let legacy = m
+            .extra
+            .get("function_call")
+            .and_then(|c| c.get("name"))
+            .and_then(Value::as_str);
+        // A Responses `custom_tool_call` item is opaque to the pipeline; its name still counts.
+        let custom_items = m
+            .extra
+            .get(responses_items::ORIGINAL_KEY)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|it| it.get("type").and_then(Value::as_str) == Some("custom_tool_call"))
+            .filter_map(|it| it.get("name").and_then(Value::as_str));
+        let names = m.tool_calls().iter().map(|c| c.name());
+        for name in names.chain(legacy).chain(custom_items) {
+            if !allowed.permits(name) {
+                return Err(access::forbidden(name, CONVERSATION_PARAM));
             }
         }
     }

@@ -41,12 +41,7 @@ mod tests {
 
     fn call(id: &str) -> Message {
         let mut m = Message::text(Role::Assistant, "");
-        m.tool_calls = Some(Some(vec![ToolCall {
-            id: id.into(),
-            kind: Some("function".into()),
-            function: Default::default(),
-            extra: Default::default(),
-        }]));
+        m.tool_calls = Some(Some(vec![ToolCall::function(id, "", "")]));
         m
     }
 

@@ -97,11 +97,12 @@ impl SummaryRequest<'_> {
         }
         for call in m.tool_calls() {
             // Arguments can be as long as results; they get the same treatment.
-            let args = compress(self.encoding, &call.function.arguments, self.tool_tokens)
-                .unwrap_or_else(|| call.function.arguments.clone());
+            let args = compress(self.encoding, call.arguments(), self.tool_tokens)
+                .unwrap_or_else(|| call.arguments().to_string());
             out.push_str(&format!(
                 "[{who} calls {} ({})] {args}\n",
-                call.function.name, call.id
+                call.name(),
+                call.id
             ));
         }
     }

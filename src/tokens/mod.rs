@@ -245,7 +245,7 @@ fn text_bytes(m: &Message) -> usize {
     content
         + m.tool_calls()
             .iter()
-            .map(|c| c.function.arguments.len())
+            .map(|c| c.arguments().len())
             .sum::<usize>()
 }
 
@@ -257,9 +257,7 @@ pub fn message_tokens(encoding: Encoding, m: &Message) -> u64 {
         n += 1 + encoding.count(name);
     }
     for call in m.tool_calls() {
-        n += TOOL_CALL_OVERHEAD
-            + encoding.count(&call.function.name)
-            + encoding.count(&call.function.arguments);
+        n += TOOL_CALL_OVERHEAD + encoding.count(call.name()) + encoding.count(call.arguments());
     }
     if let Some(id) = &m.tool_call_id {
         n += encoding.count(id);

@@ -130,6 +130,30 @@ impl Node {
         next.at_mut(rest)
     }
 
+    pub(super) fn at(&self, path: &[Seg]) -> Option<&Node> {
+        let Some((first, rest)) = path.split_first() else {
+            return Some(self);
+        };
+        let next = match (self, first) {
+            (Node::Map(entries), Seg::Key(key)) => entries
+                .iter()
+                .find(|(k, _)| k.is_key(key))
+                .map(|(_, v)| v)?,
+            (Node::Seq(items), Seg::Index(i)) => items.get(*i)?,
+            _ => return None,
+        };
+        next.at(rest)
+    }
+
+    /// A number below zero.
+    pub(super) fn is_negative(&self) -> bool {
+        match self {
+            Node::Int(i) => *i < 0,
+            Node::Float(f) => *f < 0.0,
+            _ => false,
+        }
+    }
+
     /// Whether this mapping key is the one a path names.
     fn is_key(&self, key: &str) -> bool {
         match self {

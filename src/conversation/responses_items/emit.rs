@@ -102,8 +102,8 @@ fn fresh(m: &Message, out: &mut Vec<Value>) {
                 out.push(json!({
                     "type": "function_call",
                     "call_id": c.id,
-                    "name": c.function.name,
-                    "arguments": c.function.arguments,
+                    "name": c.name(),
+                    "arguments": c.arguments(),
                 }));
             }
         }

@@ -24,12 +24,12 @@ mod emit;
 
 use std::ops::Range;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::context::{
     CallChange, Change, PipelineInput, Policy, RemoveReason, Removed, RepairKind, Repaired, Report,
 };
-use crate::conversation::{FunctionCall, Message, MessageId, Role, ToolCall, message_id};
+use crate::conversation::{Message, MessageId, Role, ToolCall, message_id};
 use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
@@ -371,15 +371,14 @@ fn call_turn(items: &[Value]) -> Message {
         .iter()
         .enumerate()
         .filter(|(_, it)| kind(it) == Kind::Call)
-        .map(|(k, it)| ToolCall {
-            id: str_field(it, "call_id"),
-            kind: Some("function".into()),
-            function: FunctionCall {
-                name: str_field(it, "name"),
-                arguments: str_field(it, "arguments"),
-                extra: Map::new(),
-            },
-            extra: Map::from_iter([(CALL_ITEM_KEY.to_string(), Value::from(k))]),
+        .map(|(k, it)| {
+            let mut call = ToolCall::function(
+                str_field(it, "call_id"),
+                str_field(it, "name"),
+                str_field(it, "arguments"),
+            );
+            call.extra.insert(CALL_ITEM_KEY.to_string(), Value::from(k));
+            call
         })
         .collect();
     let mut m = Message::text(Role::Assistant, "");

@@ -1,0 +1,202 @@
+//! Checks on what a file says that its types cannot express: a policy step given two ways or
+//! none, ratios and limits out of range, and tool-role settings that refuse every request of a
+//! kind. Each finding names its key path from the file's top (`policy.tool_filter`).
+
+use super::tenant::{Keys, TenantFile};
+use crate::context::Policy;
+
+/// The problems of a policy found at `at` (`policy` in a tenant file, `defaults` in the server
+/// file). These would otherwise be settled silently at request time: a filter with neither list
+/// removes nothing, a budget with both keys uses `max_tokens`, a ratio above 1 overruns the
+/// context window, and a summary target at or over its trigger summarises on every turn.
+///
+/// `read_problems` are the problems found reading the file: a step with one of its own was read
+/// with the bad entry cut out, so it is not checked (a `max_tokens: lots` would otherwise be
+/// reported again as a budget with neither key).
+pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Some(filter) = &policy.tool_filter {
+        match (&filter.include, &filter.exclude) {
+            (Some(_), Some(_)) => problems.push(format!(
+                "{at}.tool_filter: give either include or exclude, not both"
+            )),
+            (None, None) => problems.push(format!(
+                "{at}.tool_filter: give include or exclude (a list of tool names)"
+            )),
+            _ => {}
+        }
+    }
+    if let Some(budget) = &policy.token_budget {
+        match (budget.max_tokens, budget.target_ratio) {
+            (Some(_), Some(_)) => problems.push(format!(
+                "{at}.token_budget: give either max_tokens or target_ratio, not both"
+            )),
+            (None, None) => problems.push(format!(
+                "{at}.token_budget: give max_tokens or target_ratio"
+            )),
+            (None, Some(ratio)) if !(ratio > 0.0 && ratio <= 1.0) => problems.push(format!(
+                "{at}.token_budget.target_ratio: expected a number above 0 and at most 1, found {ratio}"
+            )),
+            _ => {}
+        }
+    }
+    if let Some(summary) = &policy.summary
+        && summary.target_tokens >= summary.trigger_tokens
+    {
+        problems.push(format!(
+            "{at}.summary.target_tokens: must be less than trigger_tokens ({} is not less than {})",
+            summary.target_tokens, summary.trigger_tokens
+        ));
+    }
+    problems.retain(|problem| {
+        let step = problem
+            .split([':', '.'])
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(".");
+        !read_problems.iter().any(|p| {
+            p.strip_prefix(step.as_str())
+                .is_some_and(|rest| rest.starts_with(['.', ':']))
+        })
+    });
+    problems
+}
+
+/// A warning when some requests can have no role: the tenant defines roles (so every request
+/// needs one) but no `default_role`, and `keys: any` or a listed key without a `role` leaves
+/// the role to the `x-ctxproxy-role` header, or to nothing. Such requests get 403
+/// `unknown_role` (SPEC 6).
+pub fn roleless_keys_warning(file: &TenantFile) -> Option<String> {
+    let tools = &file.tools;
+    if tools.roles.is_empty() || tools.default_role.is_some() {
+        return None;
+    }
+    let who = match &file.keys {
+        Keys::Any => "keys: any gives requests no role".to_string(),
+        Keys::Listed(keys) => {
+            let roleless: Vec<String> = keys
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| k.role.is_none())
+                .map(|(i, _)| format!("keys[{i}]"))
+                .collect();
+            match roleless.len() {
+                0 => return None,
+                1 => format!("{} has no role", roleless[0]),
+                _ => format!("{} have no role", roleless.join(", ")),
+            }
+        }
+    };
+    let unless = if tools.role_from_header {
+        " unless x-ctxproxy-role names one"
+    } else {
+        ""
+    };
+    Some(format!(
+        "tools.default_role: not set, and {who}; such requests get 403 unknown_role{unless}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(yaml: &str) -> Policy {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    fn tenant(yaml: &str) -> TenantFile {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn steps_given_two_ways_or_none_are_problems() {
+        for (yaml, problem) in [
+            (
+                "tool_filter: { include: [a], exclude: [b] }",
+                "policy.tool_filter: give either include or exclude, not both",
+            ),
+            (
+                "tool_filter: { placeholder: true }",
+                "policy.tool_filter: give include or exclude (a list of tool names)",
+            ),
+            (
+                "token_budget: { max_tokens: 10, target_ratio: 0.5 }",
+                "policy.token_budget: give either max_tokens or target_ratio, not both",
+            ),
+            (
+                "token_budget: {}",
+                "policy.token_budget: give max_tokens or target_ratio",
+            ),
+            (
+                "token_budget: { target_ratio: 1.5 }",
+                "policy.token_budget.target_ratio: expected a number above 0 and at most 1, found 1.5",
+            ),
+            (
+                "token_budget: { target_ratio: 0 }",
+                "policy.token_budget.target_ratio: expected a number above 0 and at most 1, found 0",
+            ),
+            (
+                "summary: { model: m, trigger_tokens: 20000 }",
+                "policy.summary.target_tokens: must be less than trigger_tokens (30000 is not less than 20000)",
+            ),
+        ] {
+            assert_eq!(
+                policy_problems(&policy(yaml), "policy", &[]),
+                [problem],
+                "{yaml}"
+            );
+        }
+    }
+
+    #[test]
+    fn valid_steps_have_no_problems() {
+        let p = policy(
+            "tool_filter: { include: [] }\ntoken_budget: { target_ratio: 1 }\nsummary: { model: m, trigger_tokens: 2000, target_tokens: 1999 }",
+        );
+        assert!(policy_problems(&p, "defaults", &[]).is_empty());
+        assert!(policy_problems(&Policy::default(), "defaults", &[]).is_empty());
+    }
+
+    #[test]
+    fn a_step_with_a_problem_of_its_own_is_not_checked_again() {
+        // As read with `max_tokens: lots` cut out.
+        let p = policy("token_budget: {}\ntool_filter: {}");
+        let read = ["policy.token_budget.max_tokens: expected an integer".to_string()];
+        assert_eq!(
+            policy_problems(&p, "policy", &read),
+            ["policy.tool_filter: give include or exclude (a list of tool names)"]
+        );
+        let read = ["policy.tool_filter: unknown field `exclud`".to_string()];
+        assert_eq!(
+            policy_problems(&p, "policy", &read),
+            ["policy.token_budget: give max_tokens or target_ratio"]
+        );
+    }
+
+    #[test]
+    fn roles_without_a_default_warn_where_a_request_can_have_no_role() {
+        let roles = "tools: { roles: { viewer: [a] } }";
+        assert_eq!(
+            roleless_keys_warning(&tenant(&format!("keys: any\n{roles}"))).as_deref(),
+            Some(
+                "tools.default_role: not set, and keys: any gives requests no role; such requests get 403 unknown_role"
+            )
+        );
+        let listed =
+            format!("keys: [{{sha256: a, role: viewer}}, {{sha256: b}}, {{sha256: c}}]\n{roles}");
+        assert_eq!(
+            roleless_keys_warning(&tenant(&listed)).as_deref(),
+            Some(
+                "tools.default_role: not set, and keys[1], keys[2] have no role; such requests get 403 unknown_role"
+            )
+        );
+        for fine in [
+            format!("keys: [{{sha256: a, role: viewer}}]\n{roles}"),
+            "keys: any\ntools: { roles: { viewer: [a] }, default_role: viewer }".to_string(),
+            "keys: any".to_string(),
+        ] {
+            assert_eq!(roleless_keys_warning(&tenant(&fine)), None, "{fine}");
+        }
+    }
+}
