@@ -2,7 +2,9 @@
 //! id names a whole prefix of a conversation. The canonical form keeps what a client resends
 //! (role, text, name, tool calls, tool_call_id) and drops what SDKs add or omit at will (null
 //! fields, empty arrays, provider extras such as `annotations` or `refusal: null`), so a reply
-//! stored from the upstream matches the same reply when the client sends it back.
+//! stored from the upstream matches the same reply when the client sends it back. Its object
+//! keys are sorted at every depth, so a client that resends a reply with its keys in another
+//! order still matches.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
@@ -30,50 +32,127 @@ impl std::fmt::Display for MessageId {
     }
 }
 
+/// The fields a message is known by, in sorted order.
+const MESSAGE_FIELDS: [&str; 9] = [
+    "arguments",
+    "call_id",
+    "content",
+    "name",
+    "output",
+    "role",
+    "tool_call_id",
+    "tool_calls",
+    "type",
+];
+
+/// What the canonical form writes for one field.
+enum Part<'a> {
+    /// The value, its object keys sorted at every depth (as ids were always made).
+    Value(&'a Value),
+    /// Text put in place of the value: content parts reduced to their text.
+    Text(String),
+    /// Chat tool calls, each as a [`Part::Call`].
+    Calls(&'a [Value]),
+    /// A tool call as its id, its function's name and its arguments.
+    Call {
+        id: Option<&'a Value>,
+        function: Option<&'a Value>,
+    },
+}
+
+/// The fields of the canonical form of `obj` in sorted key order, each with what is written
+/// for it. [`canonical`] and [`CanonicalForm`] are both made from this, so they cannot differ.
+fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
+    let present = |v: &&Value| !is_empty(v);
+    let mut out = Vec::with_capacity(MESSAGE_FIELDS.len());
+    for key in MESSAGE_FIELDS {
+        let Some(v) = obj.get(key).filter(present) else {
+            continue;
+        };
+        let part = match key {
+            // A parts array of text only is reduced to its text; anything else is written
+            // as is (an image part is not copied to be hashed).
+            "content" => parts_text(v).map_or(Part::Value(v), Part::Text),
+            "tool_calls" => match v {
+                Value::Array(calls) => Part::Calls(calls),
+                _ => continue,
+            },
+            // A Responses `message` item may come with or without its type (SPEC 7): a string
+            // `input` is stored without one and resent with one, and both are one message.
+            "type" if v == "message" => continue,
+            _ => Part::Value(v),
+        };
+        out.push((key, part));
+    }
+    out
+}
+
 /// The canonical form of a wire message (chat message or Responses item) as JSON.
 pub fn canonical(message: &Value) -> Value {
     let Some(obj) = message.as_object() else {
-        return message.clone();
+        return sorted(message);
     };
-    let mut out = Map::new();
-    for key in [
-        "role",
-        "type",
-        "name",
-        "tool_call_id",
-        "call_id",
-        "arguments",
-        "output",
-    ] {
-        if let Some(v) = obj.get(key).filter(|v| !is_empty(v)) {
-            // A Responses `message` item may come with or without its type (SPEC 7): a string
-            // `input` is stored without one and resent with one, and both are one message.
-            if key == "type" && v == "message" {
-                continue;
-            }
-            out.insert(key.to_string(), v.clone());
-        }
-    }
-    if let Some(content) = obj.get("content").filter(|v| !is_empty(v)) {
-        out.insert("content".into(), canonical_content(content));
-    }
-    if let Some(Value::Array(calls)) = obj.get("tool_calls") {
-        let calls: Vec<Value> = calls.iter().map(canonical_tool_call).collect();
-        if !calls.is_empty() {
-            out.insert("tool_calls".into(), Value::Array(calls));
-        }
-    }
+    let out: Map<String, Value> = fields(obj)
+        .into_iter()
+        .map(|(k, part)| (k.to_string(), part.to_value()))
+        .collect();
     Value::Object(out)
 }
 
-/// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
-/// (and the Responses API's `input_text`/`output_text` parts) are the same message.
-fn canonical_content(content: &Value) -> Value {
-    parts_text(content).map_or_else(|| content.clone(), Value::String)
+impl Part<'_> {
+    fn to_value(&self) -> Value {
+        match self {
+            Part::Value(v) => sorted(v),
+            Part::Text(t) => Value::String(t.clone()),
+            Part::Calls(calls) => Value::Array(calls.iter().map(|c| call(c).to_value()).collect()),
+            Part::Call { id, function } => {
+                let mut out = Map::new();
+                let name = function.and_then(|f| f.get("name"));
+                if let Some(v) = function.and_then(|f| f.get("arguments")) {
+                    out.insert("arguments".into(), sorted(v));
+                }
+                if let Some(v) = id {
+                    out.insert("id".into(), sorted(v));
+                }
+                if let Some(v) = name {
+                    out.insert("name".into(), sorted(v));
+                }
+                Value::Object(out)
+            }
+        }
+    }
 }
 
-/// The text of a content array made only of text parts; `None` for anything else, which the
-/// canonical form keeps as it is.
+/// One chat tool call as its canonical part.
+fn call(c: &Value) -> Part<'_> {
+    Part::Call {
+        id: c.get("id"),
+        function: c.get("function"),
+    }
+}
+
+/// `v` with its object keys in sorted order at every depth, as a value: serialised, it is what
+/// [`Sorted`] writes.
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sorted(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
+/// (and the Responses API's `input_text`/`output_text` parts) are the same message. `None`
+/// for anything else, which the canonical form keeps as it is.
 fn parts_text(content: &Value) -> Option<String> {
     let Value::Array(parts) = content else {
         return None;
@@ -92,21 +171,6 @@ fn parts_text(content: &Value) -> Option<String> {
     })
 }
 
-fn canonical_tool_call(call: &Value) -> Value {
-    let mut out = Map::new();
-    if let Some(id) = call.get("id") {
-        out.insert("id".into(), id.clone());
-    }
-    if let Some(f) = call.get("function") {
-        for key in ["name", "arguments"] {
-            if let Some(v) = f.get(key) {
-                out.insert(key.into(), v.clone());
-            }
-        }
-    }
-    Value::Object(out)
-}
-
 fn is_empty(v: &Value) -> bool {
     match v {
         Value::Null => true,
@@ -116,80 +180,77 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// A value written with its object keys sorted at every depth, the order ids have always been
+/// made in (serde_json kept maps sorted before it was built with `preserve_order`).
+struct Sorted<'a>(&'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(m) => {
+                let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, &Sorted(v))?;
+                }
+                map.end()
+            }
+            Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&Sorted(item))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+impl Serialize for Part<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Part::Value(v) => Sorted(v).serialize(s),
+            Part::Text(t) => s.serialize_str(t),
+            Part::Calls(calls) => {
+                let mut seq = s.serialize_seq(Some(calls.len()))?;
+                for c in *calls {
+                    seq.serialize_element(&call(c))?;
+                }
+                seq.end()
+            }
+            Part::Call { id, function } => {
+                let mut map = s.serialize_map(None)?;
+                if let Some(v) = function.and_then(|f| f.get("arguments")) {
+                    map.serialize_entry("arguments", &Sorted(v))?;
+                }
+                if let Some(v) = id {
+                    map.serialize_entry("id", &Sorted(v))?;
+                }
+                if let Some(v) = function.and_then(|f| f.get("name")) {
+                    map.serialize_entry("name", &Sorted(v))?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
 /// [`canonical`]`(message)` as it serialises, written straight from the message without
-/// building the canonical value: the same bytes (keys in serde_json's sorted order, the way a
-/// `Map` of the canonical form iterates), without copying every string of a long history on
-/// every turn just to hash it.
+/// building the canonical value: the same bytes, without copying every string of a long
+/// history on every turn just to hash it.
 struct CanonicalForm<'a>(&'a Value);
 
 impl Serialize for CanonicalForm<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Some(obj) = self.0.as_object() else {
-            return self.0.serialize(s);
+            return Sorted(self.0).serialize(s);
         };
-        let field = |key: &str| obj.get(key).filter(|v| !is_empty(v));
-        let content = field("content");
-        // A parts array of text only is reduced to its text; anything else is written as is
-        // (an image part is not copied to be hashed).
-        let reduced = content.and_then(parts_text);
-        let calls = match obj.get("tool_calls") {
-            Some(Value::Array(calls)) if !calls.is_empty() => Some(calls),
-            _ => None,
-        };
-        let mut map = s.serialize_map(None)?;
-        // The keys of `canonical`, in sorted order.
-        for key in ["arguments", "call_id"] {
-            if let Some(v) = field(key) {
-                map.serialize_entry(key, v)?;
-            }
-        }
-        match (&reduced, content) {
-            (Some(reduced), _) => map.serialize_entry("content", reduced)?,
-            (None, Some(content)) => map.serialize_entry("content", content)?,
-            (None, None) => {}
-        }
-        for key in ["name", "output", "role", "tool_call_id"] {
-            if let Some(v) = field(key) {
-                map.serialize_entry(key, v)?;
-            }
-        }
-        if let Some(calls) = calls {
-            map.serialize_entry("tool_calls", &CanonicalCalls(calls))?;
-        }
-        if let Some(v) = field("type").filter(|v| *v != "message") {
-            map.serialize_entry("type", v)?;
-        }
-        map.end()
-    }
-}
-
-/// The tool calls of [`CanonicalForm`], each as [`canonical_tool_call`] serialises.
-struct CanonicalCalls<'a>(&'a [Value]);
-
-impl Serialize for CanonicalCalls<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for call in self.0 {
-            seq.serialize_element(&CanonicalCall(call))?;
-        }
-        seq.end()
-    }
-}
-
-struct CanonicalCall<'a>(&'a Value);
-
-impl Serialize for CanonicalCall<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let function = self.0.get("function");
-        let mut map = s.serialize_map(None)?;
-        if let Some(v) = function.and_then(|f| f.get("arguments")) {
-            map.serialize_entry("arguments", v)?;
-        }
-        if let Some(v) = self.0.get("id") {
-            map.serialize_entry("id", v)?;
-        }
-        if let Some(v) = function.and_then(|f| f.get("name")) {
-            map.serialize_entry("name", v)?;
+        let fields = fields(obj);
+        let mut map = s.serialize_map(Some(fields.len()))?;
+        for (key, part) in &fields {
+            map.serialize_entry(key, part)?;
         }
         map.end()
     }
@@ -351,6 +412,52 @@ mod tests {
             message_id(None, &m).to_hex(),
             "93f69a03cd38ffbe9188059f1e8872813f0c6a5d7b30ac6265ce3eb24fbf8b97"
         );
+    }
+
+    #[test]
+    fn ids_of_messages_calls_and_outputs_are_those_of_earlier_versions() {
+        // Made by the version before keys were sorted by the canonical form itself.
+        let pinned = [
+            (
+                json!({"role":"user","content":"hello"}),
+                "9d8e0a0c4d473138b3fda90bf1d43e07accb1394ddd3b47b5b91e08ef11de44e",
+            ),
+            (
+                json!({"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21}"}),
+                "472b3228816af29505da65d2a36d8a810e5e139cc10a4a4b6fa7c0f398b0642c",
+            ),
+            (
+                json!({"type":"function_call","id":"fc_1","call_id":"c1","name":"get_weather",
+                    "arguments":"{\"city\":\"Tokyo\"}","status":"completed"}),
+                "5e0d3be5fac69693b23021f87ab6fc07f91e8c2f0aff65c5d3d2dc4a843ae7c7",
+            ),
+            (
+                json!({"type":"function_call_output","call_id":"c1","output":"sunny"}),
+                "1933fb4f27e7b35a1708ce691387ba810a59eb4b52af6383067ef91e9a134d2c",
+            ),
+            (
+                json!({"type":"message","id":"msg_1","role":"assistant","status":"completed",
+                    "refusal":null,
+                    "content":[{"type":"output_text","text":"ok","annotations":[]}]}),
+                "4ef59b3992418d49a1de082ae73c7d37f1dc542983b010b03c577b6c3680618c",
+            ),
+        ];
+        for (m, id) in pinned {
+            assert_eq!(message_id(None, &m).to_hex(), id, "{m}");
+        }
+    }
+
+    #[test]
+    fn key_order_does_not_change_an_id() {
+        let a: Value = serde_json::from_str(
+            r#"{"role":"user","content":[{"type":"image_url","image_url":{"url":"u","detail":"low"}}]}"#,
+        )
+        .unwrap();
+        let b: Value = serde_json::from_str(
+            r#"{"content":[{"image_url":{"detail":"low","url":"u"},"type":"image_url"}],"role":"user"}"#,
+        )
+        .unwrap();
+        assert_eq!(message_id(None, &a), message_id(None, &b));
     }
 
     #[test]
