@@ -1,10 +1,12 @@
 //! Message identity: a hash of the message's canonical form chained to its parent's id, so one
 //! id names a whole prefix of a conversation. The canonical form keeps what a client resends
-//! (role, text, name, tool calls, tool_call_id) and drops what SDKs add or omit at will (null
-//! fields, empty arrays, provider extras such as `annotations` or `refusal: null`), so a reply
-//! stored from the upstream matches the same reply when the client sends it back. Its object
-//! keys are sorted at every depth, so a client that resends a reply with its keys in another
-//! order still matches.
+//! and what tells two replies apart (role, text, name, tool calls, tool_call_id, a refusal; a
+//! Responses reasoning item's id, summary and encrypted content; an `item_reference`'s id; the
+//! whole of an item type the proxy does not model, less its `status`) and drops what SDKs add
+//! or omit at will (null fields, empty arrays, provider extras such as `annotations` or
+//! `refusal: null`), so a reply stored from the upstream matches the same reply when the client
+//! sends it back. Its object keys are sorted at every depth, so a client that resends a reply
+//! with its keys in another order still matches.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
@@ -32,28 +34,50 @@ impl std::fmt::Display for MessageId {
     }
 }
 
-/// The fields a message is known by, in sorted order.
-const MESSAGE_FIELDS: [&str; 9] = [
+/// The fields every message and modelled item is known by (ids of earlier versions hash
+/// these), in sorted order. `function_call` and `refusal` came later; absent (or null), as
+/// they are in every message that had an id before, they leave the id unchanged.
+const MESSAGE_FIELDS: [&str; 11] = [
     "arguments",
     "call_id",
     "content",
+    "function_call",
     "name",
     "output",
+    "refusal",
     "role",
     "tool_call_id",
     "tool_calls",
     "type",
 ];
 
+/// What a `reasoning` item is known by besides [`MESSAGE_FIELDS`]: without them every reasoning
+/// item at one point of a conversation would look alike, and a regenerated turn's reasoning
+/// (with its own encrypted content) would be taken for the first one's.
+const REASONING_FIELDS: [&str; 3] = ["encrypted_content", "id", "summary"];
+
+/// Item types the canonical form picks fields from; any other `type` is hashed whole.
+const MODELLED_TYPES: [&str; 5] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "item_reference",
+];
+
 /// What the canonical form writes for one field.
 enum Part<'a> {
     /// The value, its object keys sorted at every depth (as ids were always made).
     Value(&'a Value),
+    /// The value likewise, less its null object entries at every depth (SDKs write absent
+    /// fields as null). Only for fields ids did not cover before: pruning inside the others
+    /// would change ids already stored.
+    Pruned(&'a Value),
     /// Text put in place of the value: content parts reduced to their text.
     Text(String),
     /// Chat tool calls, each as a [`Part::Call`].
     Calls(&'a [Value]),
-    /// A tool call as its id, its function's name and its arguments.
+    /// A tool call as its id (chat only), its function's name and its arguments.
     Call {
         id: Option<&'a Value>,
         function: Option<&'a Value>,
@@ -64,7 +88,24 @@ enum Part<'a> {
 /// for it. [`canonical`] and [`CanonicalForm`] are both made from this, so they cannot differ.
 fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
     let present = |v: &&Value| !is_empty(v);
-    let mut out = Vec::with_capacity(MESSAGE_FIELDS.len());
+    let kind = obj.get("type").and_then(Value::as_str);
+    if kind.is_some_and(|k| !k.is_empty() && !MODELLED_TYPES.contains(&k)) {
+        // An item the proxy does not model (`web_search_call`, `mcp_call`, ...) carries its
+        // content in fields of its own: all of them count, less its lifecycle `status`.
+        let mut out: Vec<(&str, Part<'_>)> = obj
+            .iter()
+            .filter(|(k, v)| k.as_str() != "status" && present(v))
+            .map(|(k, v)| (k.as_str(), Part::Pruned(v)))
+            .collect();
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        return out;
+    }
+    let extra: &[&str] = match kind {
+        Some("reasoning") => &REASONING_FIELDS,
+        Some("item_reference") => &["id"],
+        _ => &[],
+    };
+    let mut out = Vec::with_capacity(MESSAGE_FIELDS.len() + extra.len());
     for key in MESSAGE_FIELDS {
         let Some(v) = obj.get(key).filter(present) else {
             continue;
@@ -73,6 +114,11 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
             // A parts array of text only is reduced to its text; anything else is written
             // as is (an image part is not copied to be hashed).
             "content" => parts_text(v).map_or(Part::Value(v), Part::Text),
+            "function_call" => Part::Call {
+                id: None,
+                function: Some(v),
+            },
+            "refusal" => Part::Pruned(v),
             "tool_calls" => match v {
                 Value::Array(calls) => Part::Calls(calls),
                 _ => continue,
@@ -84,13 +130,21 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
         };
         out.push((key, part));
     }
+    for key in extra {
+        if let Some(v) = obj.get(*key).filter(present) {
+            out.push((key, Part::Pruned(v)));
+        }
+    }
+    if !extra.is_empty() {
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
     out
 }
 
 /// The canonical form of a wire message (chat message or Responses item) as JSON.
 pub fn canonical(message: &Value) -> Value {
     let Some(obj) = message.as_object() else {
-        return sorted(message);
+        return sorted(message, false);
     };
     let out: Map<String, Value> = fields(obj)
         .into_iter()
@@ -102,20 +156,21 @@ pub fn canonical(message: &Value) -> Value {
 impl Part<'_> {
     fn to_value(&self) -> Value {
         match self {
-            Part::Value(v) => sorted(v),
+            Part::Value(v) => sorted(v, false),
+            Part::Pruned(v) => sorted(v, true),
             Part::Text(t) => Value::String(t.clone()),
             Part::Calls(calls) => Value::Array(calls.iter().map(|c| call(c).to_value()).collect()),
             Part::Call { id, function } => {
                 let mut out = Map::new();
                 let name = function.and_then(|f| f.get("name"));
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
-                    out.insert("arguments".into(), sorted(v));
+                    out.insert("arguments".into(), sorted(v, false));
                 }
                 if let Some(v) = id {
-                    out.insert("id".into(), sorted(v));
+                    out.insert("id".into(), sorted(v, false));
                 }
                 if let Some(v) = name {
-                    out.insert("name".into(), sorted(v));
+                    out.insert("name".into(), sorted(v, false));
                 }
                 Value::Object(out)
             }
@@ -131,21 +186,22 @@ fn call(c: &Value) -> Part<'_> {
     }
 }
 
-/// `v` with its object keys in sorted order at every depth, as a value: serialised, it is what
-/// [`Sorted`] writes.
-fn sorted(v: &Value) -> Value {
+/// `v` with its object keys in sorted order at every depth (and, with `prune`, no null object
+/// entries), as a value: serialised, it is what [`Sorted`] writes.
+fn sorted(v: &Value, prune: bool) -> Value {
     match v {
         Value::Object(m) => {
-            let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+            let mut entries: Vec<(&String, &Value)> =
+                m.iter().filter(|(_, v)| !(prune && v.is_null())).collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             Value::Object(
                 entries
                     .into_iter()
-                    .map(|(k, v)| (k.clone(), sorted(v)))
+                    .map(|(k, v)| (k.clone(), sorted(v, prune)))
                     .collect(),
             )
         }
-        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        Value::Array(items) => Value::Array(items.iter().map(|i| sorted(i, prune)).collect()),
         other => other.clone(),
     }
 }
@@ -182,24 +238,37 @@ fn is_empty(v: &Value) -> bool {
 
 /// A value written with its object keys sorted at every depth, the order ids have always been
 /// made in (serde_json kept maps sorted before it was built with `preserve_order`).
-struct Sorted<'a>(&'a Value);
+struct Sorted<'a> {
+    value: &'a Value,
+    /// Leave out null object entries, at every depth.
+    prune: bool,
+}
+
+impl<'a> Sorted<'a> {
+    fn new(value: &'a Value, prune: bool) -> Self {
+        Sorted { value, prune }
+    }
+}
 
 impl Serialize for Sorted<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self.0 {
+        match self.value {
             Value::Object(m) => {
-                let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+                let mut entries: Vec<(&String, &Value)> = m
+                    .iter()
+                    .filter(|(_, v)| !(self.prune && v.is_null()))
+                    .collect();
                 entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
                 let mut map = s.serialize_map(Some(entries.len()))?;
                 for (k, v) in entries {
-                    map.serialize_entry(k, &Sorted(v))?;
+                    map.serialize_entry(k, &Sorted::new(v, self.prune))?;
                 }
                 map.end()
             }
             Value::Array(items) => {
                 let mut seq = s.serialize_seq(Some(items.len()))?;
                 for item in items {
-                    seq.serialize_element(&Sorted(item))?;
+                    seq.serialize_element(&Sorted::new(item, self.prune))?;
                 }
                 seq.end()
             }
@@ -211,7 +280,8 @@ impl Serialize for Sorted<'_> {
 impl Serialize for Part<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Part::Value(v) => Sorted(v).serialize(s),
+            Part::Value(v) => Sorted::new(v, false).serialize(s),
+            Part::Pruned(v) => Sorted::new(v, true).serialize(s),
             Part::Text(t) => s.serialize_str(t),
             Part::Calls(calls) => {
                 let mut seq = s.serialize_seq(Some(calls.len()))?;
@@ -223,13 +293,13 @@ impl Serialize for Part<'_> {
             Part::Call { id, function } => {
                 let mut map = s.serialize_map(None)?;
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
-                    map.serialize_entry("arguments", &Sorted(v))?;
+                    map.serialize_entry("arguments", &Sorted::new(v, false))?;
                 }
                 if let Some(v) = id {
-                    map.serialize_entry("id", &Sorted(v))?;
+                    map.serialize_entry("id", &Sorted::new(v, false))?;
                 }
                 if let Some(v) = function.and_then(|f| f.get("name")) {
-                    map.serialize_entry("name", &Sorted(v))?;
+                    map.serialize_entry("name", &Sorted::new(v, false))?;
                 }
                 map.end()
             }
@@ -245,7 +315,7 @@ struct CanonicalForm<'a>(&'a Value);
 impl Serialize for CanonicalForm<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Some(obj) = self.0.as_object() else {
-            return Sorted(self.0).serialize(s);
+            return Sorted::new(self.0, false).serialize(s);
         };
         let fields = fields(obj);
         let mut map = s.serialize_map(Some(fields.len()))?;
@@ -416,7 +486,8 @@ mod tests {
 
     #[test]
     fn ids_of_messages_calls_and_outputs_are_those_of_earlier_versions() {
-        // Made by the version before keys were sorted by the canonical form itself.
+        // Made by the version before reasoning, refusals and unmodelled items counted (a field
+        // absent or null leaves an id as it was).
         let pinned = [
             (
                 json!({"role":"user","content":"hello"}),
@@ -458,6 +529,83 @@ mod tests {
         )
         .unwrap();
         assert_eq!(message_id(None, &a), message_id(None, &b));
+    }
+
+    #[test]
+    fn reasoning_items_are_known_by_their_id_summary_and_encrypted_content() {
+        let item = json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"AAA"});
+        let other_content =
+            json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"BBB"});
+        assert_ne!(message_id(None, &item), message_id(None, &other_content));
+        let other_id = json!({"type":"reasoning","id":"rs_2","summary":[]});
+        let no_id = json!({"type":"reasoning","summary":[]});
+        assert_ne!(message_id(None, &other_id), message_id(None, &no_id));
+        let summary = |t: &str| {
+            json!({"type":"reasoning","id":"rs_1",
+            "summary":[{"type":"summary_text","text":t}]})
+        };
+        assert_ne!(
+            message_id(None, &summary("a")),
+            message_id(None, &summary("b"))
+        );
+        // As an SDK resends it: keys in its own order, absent fields as null, another status.
+        let resent: Value = serde_json::from_str(
+            r#"{"encrypted_content":"AAA","id":"rs_1","summary":[],"type":"reasoning",
+                "content":null,"status":null}"#,
+        )
+        .unwrap();
+        assert_eq!(message_id(None, &item), message_id(None, &resent));
+    }
+
+    #[test]
+    fn refusals_tell_replies_apart() {
+        let a = json!({"role":"assistant","content":null,"refusal":"I can't help with that."});
+        let b = json!({"role":"assistant","content":null,"refusal":"No."});
+        assert_ne!(message_id(None, &a), message_id(None, &b));
+        let resent = json!({"role":"assistant","refusal":"No."});
+        assert_eq!(message_id(None, &b), message_id(None, &resent));
+    }
+
+    #[test]
+    fn item_references_are_known_by_their_id() {
+        let a = json!({"type":"item_reference","id":"msg_1"});
+        let b = json!({"type":"item_reference","id":"msg_2"});
+        assert_ne!(message_id(None, &a), message_id(None, &b));
+    }
+
+    #[test]
+    fn an_unmodelled_item_is_known_by_all_its_fields_but_status() {
+        let search = |q: &str, status: &str| {
+            json!({"type":"web_search_call","id":"ws_1",
+            "status":status,"action":{"type":"search","query":q}})
+        };
+        assert_ne!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &search("go", "completed"))
+        );
+        assert_eq!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &search("rust", "in_progress"))
+        );
+        // Null fields an SDK writes for what was absent, at any depth.
+        let resent = json!({"action":{"query":"rust","sources":null,"type":"search"},
+            "id":"ws_1","type":"web_search_call"});
+        assert_eq!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &resent)
+        );
+    }
+
+    #[test]
+    fn legacy_function_calls_tell_replies_apart() {
+        let call = |args: &str| {
+            json!({"role":"assistant","content":null,
+            "function_call":{"name":"f","arguments":args}})
+        };
+        assert_ne!(
+            message_id(None, &call("{\"a\":1}")),
+            message_id(None, &call("{\"a\":2}"))
+        );
     }
 
     #[test]
