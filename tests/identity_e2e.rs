@@ -1,6 +1,8 @@
 //! End-to-end: message identity (SPEC 4.2) tells apart replies that differ only in what the
 //! plain message fields do not show (a refusal, a reasoning item's encrypted content), so a
-//! regenerated turn is a branch of its own instead of being taken for the first reply.
+//! regenerated turn is a branch of its own instead of being taken for the first reply, and it
+//! recognises a reply resent with its tool-call arguments re-serialised, so that turn goes on
+//! the same branch.
 
 mod common;
 
@@ -173,4 +175,60 @@ async fn regenerated_reasoning_is_two_branches_and_the_head_is_sent_on() {
     assert_eq!(input.len(), 4, "{sent}");
     assert_eq!(input[1]["id"], "rs_2", "{sent}");
     assert_eq!(input[1]["encrypted_content"], "enc-2", "{sent}");
+}
+
+/// A client (LangChain, anything that `json.dumps` the arguments) resends the assistant's tool
+/// call with `{"a": 1}` where the upstream wrote `{"a":1}`: the turn continues the stored
+/// branch, on chat and on responses.
+#[tokio::test]
+async fn re_serialised_tool_arguments_continue_the_branch() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let user = json!({"role": "user", "content": r#"call f {"a":1}"#});
+
+    let reply = post(
+        &proxy,
+        "chat/completions",
+        "args-chat",
+        &json!({"model": "m", "messages": [user]}),
+    )
+    .await;
+    let mut assistant = reply["choices"][0]["message"].clone();
+    let call = &mut assistant["tool_calls"][0];
+    assert_eq!(call["function"]["arguments"], r#"{"a":1}"#);
+    call["function"]["arguments"] = json!(r#"{"a": 1}"#);
+    let call_id = call["id"].clone();
+    let result = json!({"role": "tool", "tool_call_id": call_id, "content": "done"});
+    post(
+        &proxy,
+        "chat/completions",
+        "args-chat",
+        &json!({"model": "m", "messages": [user, assistant, result]}),
+    )
+    .await;
+    let branches = stored_branches(&proxy, "args-chat").await;
+    assert_eq!(branches.len(), 1, "{branches:?}");
+    assert_eq!(branches[0].len(), 4, "{branches:?}");
+
+    let reply = post(
+        &proxy,
+        "responses",
+        "args-responses",
+        &json!({"model": "m", "input": [user]}),
+    )
+    .await;
+    let mut call = reply["output"][0].clone();
+    assert_eq!(call["arguments"], r#"{"a":1}"#);
+    call["arguments"] = json!(r#"{"a": 1}"#);
+    let output = json!({"type": "function_call_output", "call_id": call["call_id"],
+        "output": "done"});
+    post(
+        &proxy,
+        "responses",
+        "args-responses",
+        &json!({"model": "m", "input": [user, call, output]}),
+    )
+    .await;
+    let branches = stored_branches(&proxy, "args-responses").await;
+    assert_eq!(branches.len(), 1, "{branches:?}");
+    assert_eq!(branches[0].len(), 4, "{branches:?}");
 }

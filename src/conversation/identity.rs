@@ -5,8 +5,9 @@
 //! whole of an item type the proxy does not model, less its `status`) and drops what SDKs add
 //! or omit at will (null fields, empty arrays, provider extras such as `annotations` or
 //! `refusal: null`), so a reply stored from the upstream matches the same reply when the client
-//! sends it back. Its object keys are sorted at every depth, so a client that resends a reply
-//! with its keys in another order still matches.
+//! sends it back. Its object keys are sorted at every depth and tool-call arguments that are
+//! JSON are compacted, so a client that resends a reply with its keys in another order, or its
+//! arguments re-serialised (`json.dumps` writes `{"a": 1}` for `{"a":1}`), still matches.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
@@ -73,7 +74,8 @@ enum Part<'a> {
     /// fields as null). Only for fields ids did not cover before: pruning inside the others
     /// would change ids already stored.
     Pruned(&'a Value),
-    /// Text put in place of the value: content parts reduced to their text.
+    /// Text put in place of the value: content parts reduced to their text, or arguments
+    /// normalised.
     Text(String),
     /// Chat tool calls, each as a [`Part::Call`].
     Calls(&'a [Value]),
@@ -95,7 +97,10 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
         let mut out: Vec<(&str, Part<'_>)> = obj
             .iter()
             .filter(|(k, v)| k.as_str() != "status" && present(v))
-            .map(|(k, v)| (k.as_str(), Part::Pruned(v)))
+            .map(|(k, v)| match k.as_str() {
+                "arguments" => (k.as_str(), arguments(v, Part::Pruned(v))),
+                _ => (k.as_str(), Part::Pruned(v)),
+            })
             .collect();
         out.sort_unstable_by(|a, b| a.0.cmp(b.0));
         return out;
@@ -111,6 +116,7 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
             continue;
         };
         let part = match key {
+            "arguments" => arguments(v, Part::Value(v)),
             // A parts array of text only is reduced to its text; anything else is written
             // as is (an image part is not copied to be hashed).
             "content" => parts_text(v).map_or(Part::Value(v), Part::Text),
@@ -141,6 +147,21 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
     out
 }
 
+/// Tool-call arguments that are JSON text, as compact JSON with sorted keys: a client that
+/// re-serialises them (spaces, other key order, `\u` escapes) sends the same call. Anything
+/// else is written as `raw`.
+fn arguments<'a>(v: &'a Value, raw: Part<'a>) -> Part<'a> {
+    let Value::String(text) = v else {
+        return raw;
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(parsed) => {
+            Part::Text(serde_json::to_string(&Sorted::new(&parsed, false)).unwrap_or_default())
+        }
+        Err(_) => raw,
+    }
+}
+
 /// The canonical form of a wire message (chat message or Responses item) as JSON.
 pub fn canonical(message: &Value) -> Value {
     let Some(obj) = message.as_object() else {
@@ -164,7 +185,7 @@ impl Part<'_> {
                 let mut out = Map::new();
                 let name = function.and_then(|f| f.get("name"));
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
-                    out.insert("arguments".into(), sorted(v, false));
+                    out.insert("arguments".into(), arguments(v, Part::Value(v)).to_value());
                 }
                 if let Some(v) = id {
                     out.insert("id".into(), sorted(v, false));
@@ -293,7 +314,7 @@ impl Serialize for Part<'_> {
             Part::Call { id, function } => {
                 let mut map = s.serialize_map(None)?;
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
-                    map.serialize_entry("arguments", &Sorted::new(v, false))?;
+                    map.serialize_entry("arguments", &arguments(v, Part::Value(v)))?;
                 }
                 if let Some(v) = id {
                     map.serialize_entry("id", &Sorted::new(v, false))?;
@@ -486,8 +507,8 @@ mod tests {
 
     #[test]
     fn ids_of_messages_calls_and_outputs_are_those_of_earlier_versions() {
-        // Made by the version before reasoning, refusals and unmodelled items counted (a field
-        // absent or null leaves an id as it was).
+        // Made by the version before reasoning, refusals and unmodelled items counted and
+        // before arguments were normalised (a field absent or null leaves an id as it was).
         let pinned = [
             (
                 json!({"role":"user","content":"hello"}),
@@ -597,6 +618,30 @@ mod tests {
     }
 
     #[test]
+    fn re_serialised_arguments_are_the_same_call() {
+        let chat = |args: &str| {
+            json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"f","arguments":args}}]})
+        };
+        let item = |args: &str| {
+            json!({"type":"function_call","call_id":"c1","name":"f",
+            "arguments":args})
+        };
+        for m in [chat, item] {
+            let id = message_id(None, &m(r#"{"a":1,"b":"é"}"#));
+            // json.dumps: spaces; ensure_ascii; another key order.
+            assert_eq!(id, message_id(None, &m(r#"{"a": 1, "b": "é"}"#)));
+            assert_eq!(id, message_id(None, &m(r#"{"b":"é","a":1}"#)));
+            assert_ne!(id, message_id(None, &m(r#"{"a":2,"b":"é"}"#)));
+            // Arguments that are not JSON are compared as they are.
+            assert_ne!(
+                message_id(None, &m("{a: 1")),
+                message_id(None, &m("{a:  1"))
+            );
+        }
+    }
+
+    #[test]
     fn legacy_function_calls_tell_replies_apart() {
         let call = |args: &str| {
             json!({"role":"assistant","content":null,
@@ -605,6 +650,10 @@ mod tests {
         assert_ne!(
             message_id(None, &call("{\"a\":1}")),
             message_id(None, &call("{\"a\":2}"))
+        );
+        assert_eq!(
+            message_id(None, &call("{\"a\":1}")),
+            message_id(None, &call("{\"a\": 1}"))
         );
     }
 
