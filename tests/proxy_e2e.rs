@@ -45,6 +45,98 @@ async fn chat_completion_round_trip_keeps_unknown_fields() {
     assert_eq!(seen[0].header("authorization"), Some("Bearer sk-client"));
 }
 
+/// The keys of the object at `pointer` in `v`, in their order.
+fn keys_at<'a>(v: &'a Value, pointer: &str) -> Vec<&'a str> {
+    v.pointer(pointer)
+        .and_then(Value::as_object)
+        .unwrap_or_else(|| panic!("no object at {pointer} in {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+/// Where `needle` first occurs in `haystack` (the raw body a peer received).
+fn at(haystack: &str, needle: &str) -> usize {
+    haystack
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle} not in {haystack}"))
+}
+
+/// A Structured Outputs schema is generated in its properties' order ("reasoning" before
+/// "answer"), and so are strict tool parameters: the upstream gets both, and every unknown
+/// field, in the order the client wrote them, on chat and on responses; the store keeps a
+/// message's fields in their order too (SPEC 4.2, 7).
+#[tokio::test]
+async fn bodies_keep_their_key_order_upstream_and_in_the_store() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let schema = r#"{"type":"object","properties":{"reasoning":{"type":"string"},"answer":{"type":"string"}},"required":["reasoning","answer"],"additionalProperties":false}"#;
+    let parameters =
+        r#"{"type":"object","properties":{"zip":{"type":"string"},"city":{"type":"string"}}}"#;
+    let chat = format!(
+        r#"{{"model":"m","zeta_field":1,"messages":[{{"role":"user","content":"hi","z_extra":1,"a_extra":2}}],"response_format":{{"type":"json_schema","json_schema":{{"name":"r","strict":true,"schema":{schema}}}}},"tools":[{{"type":"function","function":{{"name":"f","strict":true,"parameters":{parameters}}}}}],"alpha_field":2}}"#
+    );
+    let responses = format!(
+        r#"{{"model":"m","zeta_field":1,"input":[{{"role":"user","content":"hi","z_extra":1,"a_extra":2}}],"text":{{"format":{{"type":"json_schema","name":"r","strict":true,"schema":{schema}}}}},"tools":[{{"type":"function","name":"f","strict":true,"parameters":{parameters}}}],"alpha_field":2}}"#
+    );
+    let cases = [
+        (
+            "chat/completions",
+            chat,
+            "/response_format/json_schema/schema/properties",
+            "/tools/0/function/parameters/properties",
+            "/messages/0",
+        ),
+        (
+            "responses",
+            responses,
+            "/text/format/schema/properties",
+            "/tools/0/parameters/properties",
+            "/input/0",
+        ),
+    ];
+    for (i, (path, body, schema_at, parameters_at, message_at)) in cases.into_iter().enumerate() {
+        let resp = client()
+            .post(format!("{}/{path}", proxy.base_url()))
+            .header("content-type", "application/json")
+            .header("x-session-id", format!("order-{i}"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let seen = &mock.requests()[i];
+        let raw = String::from_utf8_lossy(&seen.body);
+        let sent = seen.body_json().unwrap();
+        assert_eq!(keys_at(&sent, schema_at), ["reasoning", "answer"], "{raw}");
+        assert_eq!(keys_at(&sent, parameters_at), ["zip", "city"], "{raw}");
+        assert!(at(&raw, "\"reasoning\"") < at(&raw, "\"answer\""), "{raw}");
+        assert!(
+            at(&raw, "\"zeta_field\"") < at(&raw, "\"alpha_field\""),
+            "{raw}"
+        );
+        let message = keys_at(&sent, message_at);
+        let (z, a) = (
+            message.iter().position(|k| *k == "z_extra"),
+            message.iter().position(|k| *k == "a_extra"),
+        );
+        assert!(z.is_some() && z < a, "{raw}");
+        let stored = proxy
+            .stored_messages("default", &format!("order-{i}"))
+            .await;
+        let stored: Vec<&str> = stored[0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let (z, a) = (
+            stored.iter().position(|k| *k == "z_extra"),
+            stored.iter().position(|k| *k == "a_extra"),
+        );
+        assert!(z.is_some() && z < a, "{stored:?}");
+    }
+}
+
 #[tokio::test]
 async fn chat_completion_streams_every_chunk() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;

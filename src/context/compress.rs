@@ -118,7 +118,8 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
             order.sort_by_key(|k| !is_container(k)); // stable: each group stays end-first
             let mut omitted = 0usize;
             for key in order {
-                map.remove(&key);
+                // Shifted out, not swapped: the entries left keep their order.
+                map.shift_remove(&key);
                 omitted += 1;
                 let mut candidate = map.clone();
                 candidate.insert("_omitted_keys".into(), Value::from(omitted));
@@ -347,5 +348,18 @@ mod tests {
         assert_eq!(v["status"], "ok", "{out}");
         assert_eq!(v["_compressed"], true, "{out}");
         assert!(v.get("z_nested").is_none(), "a container went first: {out}");
+    }
+
+    #[test]
+    fn giving_up_entries_keeps_the_order_of_the_others() {
+        let text = r#"{"z_first":1,"list_a":[[1],[2],[3],[4],[5]],"m_mid":2,"list_b":[[1],[2],[3],[4],[5]],"a_last":3}"#;
+        let out = compress(Encoding::O200kBase, text, 29).unwrap();
+        let v: Value = serde_json::from_str(&out).expect("still JSON");
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            ["z_first", "m_mid", "a_last", "_omitted_keys", "_compressed"],
+            "{out}"
+        );
     }
 }

@@ -1,8 +1,13 @@
 //! Message identity: a hash of the message's canonical form chained to its parent's id, so one
 //! id names a whole prefix of a conversation. The canonical form keeps what a client resends
-//! (role, text, name, tool calls, tool_call_id) and drops what SDKs add or omit at will (null
-//! fields, empty arrays, provider extras such as `annotations` or `refusal: null`), so a reply
-//! stored from the upstream matches the same reply when the client sends it back.
+//! and what tells two replies apart (role, text, name, tool calls, tool_call_id, a refusal; a
+//! Responses reasoning item's id, summary and encrypted content; an `item_reference`'s id; the
+//! whole of an item type the proxy does not model, less its `status`) and drops what SDKs add
+//! or omit at will (null fields, empty arrays, provider extras such as `annotations` or
+//! `refusal: null`), so a reply stored from the upstream matches the same reply when the client
+//! sends it back. Its object keys are sorted at every depth and tool-call arguments that are
+//! JSON are compacted, so a client that resends a reply with its keys in another order, or its
+//! arguments re-serialised (`json.dumps` writes `{"a": 1}` for `{"a":1}`), still matches.
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
@@ -30,50 +35,201 @@ impl std::fmt::Display for MessageId {
     }
 }
 
+/// The fields every message and modelled item is known by (ids of earlier versions hash
+/// these), in sorted order. `function_call` and `refusal` came later; absent (or null), as
+/// they are in every message that had an id before, they leave the id unchanged.
+const MESSAGE_FIELDS: [&str; 11] = [
+    "arguments",
+    "call_id",
+    "content",
+    "function_call",
+    "name",
+    "output",
+    "refusal",
+    "role",
+    "tool_call_id",
+    "tool_calls",
+    "type",
+];
+
+/// What a `reasoning` item is known by besides [`MESSAGE_FIELDS`]: without them every reasoning
+/// item at one point of a conversation would look alike, and a regenerated turn's reasoning
+/// (with its own encrypted content) would be taken for the first one's.
+const REASONING_FIELDS: [&str; 3] = ["encrypted_content", "id", "summary"];
+
+/// Item types the canonical form picks fields from; any other `type` is hashed whole.
+const MODELLED_TYPES: [&str; 5] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "item_reference",
+];
+
+/// What the canonical form writes for one field.
+enum Part<'a> {
+    /// The value, its object keys sorted at every depth (as ids were always made).
+    Value(&'a Value),
+    /// The value likewise, less its null object entries at every depth (SDKs write absent
+    /// fields as null). Only for fields ids did not cover before: pruning inside the others
+    /// would change ids already stored.
+    Pruned(&'a Value),
+    /// Text put in place of the value: content parts reduced to their text, or arguments
+    /// normalised.
+    Text(String),
+    /// Chat tool calls, each as a [`Part::Call`].
+    Calls(&'a [Value]),
+    /// A tool call as its id (chat only), its function's name and its arguments.
+    Call {
+        id: Option<&'a Value>,
+        function: Option<&'a Value>,
+    },
+}
+
+/// The fields of the canonical form of `obj` in sorted key order, each with what is written
+/// for it. [`canonical`] and [`CanonicalForm`] are both made from this, so they cannot differ.
+fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
+    let present = |v: &&Value| !is_empty(v);
+    let kind = obj.get("type").and_then(Value::as_str);
+    if kind.is_some_and(|k| !k.is_empty() && !MODELLED_TYPES.contains(&k)) {
+        // An item the proxy does not model (`web_search_call`, `mcp_call`, ...) carries its
+        // content in fields of its own: all of them count, less its lifecycle `status`.
+        let mut out: Vec<(&str, Part<'_>)> = obj
+            .iter()
+            .filter(|(k, v)| k.as_str() != "status" && present(v))
+            .map(|(k, v)| match k.as_str() {
+                "arguments" => (k.as_str(), arguments(v, Part::Pruned(v))),
+                _ => (k.as_str(), Part::Pruned(v)),
+            })
+            .collect();
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        return out;
+    }
+    let extra: &[&str] = match kind {
+        Some("reasoning") => &REASONING_FIELDS,
+        Some("item_reference") => &["id"],
+        _ => &[],
+    };
+    let mut out = Vec::with_capacity(MESSAGE_FIELDS.len() + extra.len());
+    for key in MESSAGE_FIELDS {
+        let Some(v) = obj.get(key).filter(present) else {
+            continue;
+        };
+        let part = match key {
+            "arguments" => arguments(v, Part::Value(v)),
+            // A parts array of text only is reduced to its text; anything else is written
+            // as is (an image part is not copied to be hashed).
+            "content" => parts_text(v).map_or(Part::Value(v), Part::Text),
+            "function_call" => Part::Call {
+                id: None,
+                function: Some(v),
+            },
+            "refusal" => Part::Pruned(v),
+            "tool_calls" => match v {
+                Value::Array(calls) => Part::Calls(calls),
+                _ => continue,
+            },
+            // A Responses `message` item may come with or without its type (SPEC 7): a string
+            // `input` is stored without one and resent with one, and both are one message.
+            "type" if v == "message" => continue,
+            _ => Part::Value(v),
+        };
+        out.push((key, part));
+    }
+    for key in extra {
+        if let Some(v) = obj.get(*key).filter(present) {
+            out.push((key, Part::Pruned(v)));
+        }
+    }
+    if !extra.is_empty() {
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    out
+}
+
+/// Tool-call arguments that are JSON text, as compact JSON with sorted keys: a client that
+/// re-serialises them (spaces, other key order, `\u` escapes) sends the same call. Anything
+/// else is written as `raw`.
+fn arguments<'a>(v: &'a Value, raw: Part<'a>) -> Part<'a> {
+    let Value::String(text) = v else {
+        return raw;
+    };
+    match serde_json::from_str::<Value>(text) {
+        Ok(parsed) => {
+            Part::Text(serde_json::to_string(&Sorted::new(&parsed, false)).unwrap_or_default())
+        }
+        Err(_) => raw,
+    }
+}
+
 /// The canonical form of a wire message (chat message or Responses item) as JSON.
 pub fn canonical(message: &Value) -> Value {
     let Some(obj) = message.as_object() else {
-        return message.clone();
+        return sorted(message, false);
     };
-    let mut out = Map::new();
-    for key in [
-        "role",
-        "type",
-        "name",
-        "tool_call_id",
-        "call_id",
-        "arguments",
-        "output",
-    ] {
-        if let Some(v) = obj.get(key).filter(|v| !is_empty(v)) {
-            // A Responses `message` item may come with or without its type (SPEC 7): a string
-            // `input` is stored without one and resent with one, and both are one message.
-            if key == "type" && v == "message" {
-                continue;
-            }
-            out.insert(key.to_string(), v.clone());
-        }
-    }
-    if let Some(content) = obj.get("content").filter(|v| !is_empty(v)) {
-        out.insert("content".into(), canonical_content(content));
-    }
-    if let Some(Value::Array(calls)) = obj.get("tool_calls") {
-        let calls: Vec<Value> = calls.iter().map(canonical_tool_call).collect();
-        if !calls.is_empty() {
-            out.insert("tool_calls".into(), Value::Array(calls));
-        }
-    }
+    let out: Map<String, Value> = fields(obj)
+        .into_iter()
+        .map(|(k, part)| (k.to_string(), part.to_value()))
+        .collect();
     Value::Object(out)
 }
 
-/// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
-/// (and the Responses API's `input_text`/`output_text` parts) are the same message.
-fn canonical_content(content: &Value) -> Value {
-    parts_text(content).map_or_else(|| content.clone(), Value::String)
+impl Part<'_> {
+    fn to_value(&self) -> Value {
+        match self {
+            Part::Value(v) => sorted(v, false),
+            Part::Pruned(v) => sorted(v, true),
+            Part::Text(t) => Value::String(t.clone()),
+            Part::Calls(calls) => Value::Array(calls.iter().map(|c| call(c).to_value()).collect()),
+            Part::Call { id, function } => {
+                let mut out = Map::new();
+                let name = function.and_then(|f| f.get("name"));
+                if let Some(v) = function.and_then(|f| f.get("arguments")) {
+                    out.insert("arguments".into(), arguments(v, Part::Value(v)).to_value());
+                }
+                if let Some(v) = id {
+                    out.insert("id".into(), sorted(v, false));
+                }
+                if let Some(v) = name {
+                    out.insert("name".into(), sorted(v, false));
+                }
+                Value::Object(out)
+            }
+        }
+    }
 }
 
-/// The text of a content array made only of text parts; `None` for anything else, which the
-/// canonical form keeps as it is.
+/// One chat tool call as its canonical part.
+fn call(c: &Value) -> Part<'_> {
+    Part::Call {
+        id: c.get("id"),
+        function: c.get("function"),
+    }
+}
+
+/// `v` with its object keys in sorted order at every depth (and, with `prune`, no null object
+/// entries), as a value: serialised, it is what [`Sorted`] writes.
+fn sorted(v: &Value, prune: bool) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(&String, &Value)> =
+                m.iter().filter(|(_, v)| !(prune && v.is_null())).collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sorted(v, prune)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(|i| sorted(i, prune)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
+/// (and the Responses API's `input_text`/`output_text` parts) are the same message. `None`
+/// for anything else, which the canonical form keeps as it is.
 fn parts_text(content: &Value) -> Option<String> {
     let Value::Array(parts) = content else {
         return None;
@@ -92,21 +248,6 @@ fn parts_text(content: &Value) -> Option<String> {
     })
 }
 
-fn canonical_tool_call(call: &Value) -> Value {
-    let mut out = Map::new();
-    if let Some(id) = call.get("id") {
-        out.insert("id".into(), id.clone());
-    }
-    if let Some(f) = call.get("function") {
-        for key in ["name", "arguments"] {
-            if let Some(v) = f.get(key) {
-                out.insert(key.into(), v.clone());
-            }
-        }
-    }
-    Value::Object(out)
-}
-
 fn is_empty(v: &Value) -> bool {
     match v {
         Value::Null => true,
@@ -116,80 +257,91 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// A value written with its object keys sorted at every depth, the order ids have always been
+/// made in (serde_json kept maps sorted before it was built with `preserve_order`).
+struct Sorted<'a> {
+    value: &'a Value,
+    /// Leave out null object entries, at every depth.
+    prune: bool,
+}
+
+impl<'a> Sorted<'a> {
+    fn new(value: &'a Value, prune: bool) -> Self {
+        Sorted { value, prune }
+    }
+}
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.value {
+            Value::Object(m) => {
+                let mut entries: Vec<(&String, &Value)> = m
+                    .iter()
+                    .filter(|(_, v)| !(self.prune && v.is_null()))
+                    .collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, &Sorted::new(v, self.prune))?;
+                }
+                map.end()
+            }
+            Value::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&Sorted::new(item, self.prune))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(s),
+        }
+    }
+}
+
+impl Serialize for Part<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Part::Value(v) => Sorted::new(v, false).serialize(s),
+            Part::Pruned(v) => Sorted::new(v, true).serialize(s),
+            Part::Text(t) => s.serialize_str(t),
+            Part::Calls(calls) => {
+                let mut seq = s.serialize_seq(Some(calls.len()))?;
+                for c in *calls {
+                    seq.serialize_element(&call(c))?;
+                }
+                seq.end()
+            }
+            Part::Call { id, function } => {
+                let mut map = s.serialize_map(None)?;
+                if let Some(v) = function.and_then(|f| f.get("arguments")) {
+                    map.serialize_entry("arguments", &arguments(v, Part::Value(v)))?;
+                }
+                if let Some(v) = id {
+                    map.serialize_entry("id", &Sorted::new(v, false))?;
+                }
+                if let Some(v) = function.and_then(|f| f.get("name")) {
+                    map.serialize_entry("name", &Sorted::new(v, false))?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
 /// [`canonical`]`(message)` as it serialises, written straight from the message without
-/// building the canonical value: the same bytes (keys in serde_json's sorted order, the way a
-/// `Map` of the canonical form iterates), without copying every string of a long history on
-/// every turn just to hash it.
+/// building the canonical value: the same bytes, without copying every string of a long
+/// history on every turn just to hash it.
 struct CanonicalForm<'a>(&'a Value);
 
 impl Serialize for CanonicalForm<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Some(obj) = self.0.as_object() else {
-            return self.0.serialize(s);
+            return Sorted::new(self.0, false).serialize(s);
         };
-        let field = |key: &str| obj.get(key).filter(|v| !is_empty(v));
-        let content = field("content");
-        // A parts array of text only is reduced to its text; anything else is written as is
-        // (an image part is not copied to be hashed).
-        let reduced = content.and_then(parts_text);
-        let calls = match obj.get("tool_calls") {
-            Some(Value::Array(calls)) if !calls.is_empty() => Some(calls),
-            _ => None,
-        };
-        let mut map = s.serialize_map(None)?;
-        // The keys of `canonical`, in sorted order.
-        for key in ["arguments", "call_id"] {
-            if let Some(v) = field(key) {
-                map.serialize_entry(key, v)?;
-            }
-        }
-        match (&reduced, content) {
-            (Some(reduced), _) => map.serialize_entry("content", reduced)?,
-            (None, Some(content)) => map.serialize_entry("content", content)?,
-            (None, None) => {}
-        }
-        for key in ["name", "output", "role", "tool_call_id"] {
-            if let Some(v) = field(key) {
-                map.serialize_entry(key, v)?;
-            }
-        }
-        if let Some(calls) = calls {
-            map.serialize_entry("tool_calls", &CanonicalCalls(calls))?;
-        }
-        if let Some(v) = field("type").filter(|v| *v != "message") {
-            map.serialize_entry("type", v)?;
-        }
-        map.end()
-    }
-}
-
-/// The tool calls of [`CanonicalForm`], each as [`canonical_tool_call`] serialises.
-struct CanonicalCalls<'a>(&'a [Value]);
-
-impl Serialize for CanonicalCalls<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for call in self.0 {
-            seq.serialize_element(&CanonicalCall(call))?;
-        }
-        seq.end()
-    }
-}
-
-struct CanonicalCall<'a>(&'a Value);
-
-impl Serialize for CanonicalCall<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let function = self.0.get("function");
-        let mut map = s.serialize_map(None)?;
-        if let Some(v) = function.and_then(|f| f.get("arguments")) {
-            map.serialize_entry("arguments", v)?;
-        }
-        if let Some(v) = self.0.get("id") {
-            map.serialize_entry("id", v)?;
-        }
-        if let Some(v) = function.and_then(|f| f.get("name")) {
-            map.serialize_entry("name", v)?;
+        let fields = fields(obj);
+        let mut map = s.serialize_map(Some(fields.len()))?;
+        for (key, part) in &fields {
+            map.serialize_entry(key, part)?;
         }
         map.end()
     }
@@ -350,6 +502,158 @@ mod tests {
         assert_eq!(
             message_id(None, &m).to_hex(),
             "93f69a03cd38ffbe9188059f1e8872813f0c6a5d7b30ac6265ce3eb24fbf8b97"
+        );
+    }
+
+    #[test]
+    fn ids_of_messages_calls_and_outputs_are_those_of_earlier_versions() {
+        // Made by the version before reasoning, refusals and unmodelled items counted and
+        // before arguments were normalised (a field absent or null leaves an id as it was).
+        let pinned = [
+            (
+                json!({"role":"user","content":"hello"}),
+                "9d8e0a0c4d473138b3fda90bf1d43e07accb1394ddd3b47b5b91e08ef11de44e",
+            ),
+            (
+                json!({"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21}"}),
+                "472b3228816af29505da65d2a36d8a810e5e139cc10a4a4b6fa7c0f398b0642c",
+            ),
+            (
+                json!({"type":"function_call","id":"fc_1","call_id":"c1","name":"get_weather",
+                    "arguments":"{\"city\":\"Tokyo\"}","status":"completed"}),
+                "5e0d3be5fac69693b23021f87ab6fc07f91e8c2f0aff65c5d3d2dc4a843ae7c7",
+            ),
+            (
+                json!({"type":"function_call_output","call_id":"c1","output":"sunny"}),
+                "1933fb4f27e7b35a1708ce691387ba810a59eb4b52af6383067ef91e9a134d2c",
+            ),
+            (
+                json!({"type":"message","id":"msg_1","role":"assistant","status":"completed",
+                    "refusal":null,
+                    "content":[{"type":"output_text","text":"ok","annotations":[]}]}),
+                "4ef59b3992418d49a1de082ae73c7d37f1dc542983b010b03c577b6c3680618c",
+            ),
+        ];
+        for (m, id) in pinned {
+            assert_eq!(message_id(None, &m).to_hex(), id, "{m}");
+        }
+    }
+
+    #[test]
+    fn key_order_does_not_change_an_id() {
+        let a: Value = serde_json::from_str(
+            r#"{"role":"user","content":[{"type":"image_url","image_url":{"url":"u","detail":"low"}}]}"#,
+        )
+        .unwrap();
+        let b: Value = serde_json::from_str(
+            r#"{"content":[{"image_url":{"detail":"low","url":"u"},"type":"image_url"}],"role":"user"}"#,
+        )
+        .unwrap();
+        assert_eq!(message_id(None, &a), message_id(None, &b));
+    }
+
+    #[test]
+    fn reasoning_items_are_known_by_their_id_summary_and_encrypted_content() {
+        let item = json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"AAA"});
+        let other_content =
+            json!({"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"BBB"});
+        assert_ne!(message_id(None, &item), message_id(None, &other_content));
+        let other_id = json!({"type":"reasoning","id":"rs_2","summary":[]});
+        let no_id = json!({"type":"reasoning","summary":[]});
+        assert_ne!(message_id(None, &other_id), message_id(None, &no_id));
+        let summary = |t: &str| {
+            json!({"type":"reasoning","id":"rs_1",
+            "summary":[{"type":"summary_text","text":t}]})
+        };
+        assert_ne!(
+            message_id(None, &summary("a")),
+            message_id(None, &summary("b"))
+        );
+        // As an SDK resends it: keys in its own order, absent fields as null, another status.
+        let resent: Value = serde_json::from_str(
+            r#"{"encrypted_content":"AAA","id":"rs_1","summary":[],"type":"reasoning",
+                "content":null,"status":null}"#,
+        )
+        .unwrap();
+        assert_eq!(message_id(None, &item), message_id(None, &resent));
+    }
+
+    #[test]
+    fn refusals_tell_replies_apart() {
+        let a = json!({"role":"assistant","content":null,"refusal":"I can't help with that."});
+        let b = json!({"role":"assistant","content":null,"refusal":"No."});
+        assert_ne!(message_id(None, &a), message_id(None, &b));
+        let resent = json!({"role":"assistant","refusal":"No."});
+        assert_eq!(message_id(None, &b), message_id(None, &resent));
+    }
+
+    #[test]
+    fn item_references_are_known_by_their_id() {
+        let a = json!({"type":"item_reference","id":"msg_1"});
+        let b = json!({"type":"item_reference","id":"msg_2"});
+        assert_ne!(message_id(None, &a), message_id(None, &b));
+    }
+
+    #[test]
+    fn an_unmodelled_item_is_known_by_all_its_fields_but_status() {
+        let search = |q: &str, status: &str| {
+            json!({"type":"web_search_call","id":"ws_1",
+            "status":status,"action":{"type":"search","query":q}})
+        };
+        assert_ne!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &search("go", "completed"))
+        );
+        assert_eq!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &search("rust", "in_progress"))
+        );
+        // Null fields an SDK writes for what was absent, at any depth.
+        let resent = json!({"action":{"query":"rust","sources":null,"type":"search"},
+            "id":"ws_1","type":"web_search_call"});
+        assert_eq!(
+            message_id(None, &search("rust", "completed")),
+            message_id(None, &resent)
+        );
+    }
+
+    #[test]
+    fn re_serialised_arguments_are_the_same_call() {
+        let chat = |args: &str| {
+            json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":"c1","type":"function","function":{"name":"f","arguments":args}}]})
+        };
+        let item = |args: &str| {
+            json!({"type":"function_call","call_id":"c1","name":"f",
+            "arguments":args})
+        };
+        for m in [chat, item] {
+            let id = message_id(None, &m(r#"{"a":1,"b":"é"}"#));
+            // json.dumps: spaces; ensure_ascii; another key order.
+            assert_eq!(id, message_id(None, &m(r#"{"a": 1, "b": "é"}"#)));
+            assert_eq!(id, message_id(None, &m(r#"{"b":"é","a":1}"#)));
+            assert_ne!(id, message_id(None, &m(r#"{"a":2,"b":"é"}"#)));
+            // Arguments that are not JSON are compared as they are.
+            assert_ne!(
+                message_id(None, &m("{a: 1")),
+                message_id(None, &m("{a:  1"))
+            );
+        }
+    }
+
+    #[test]
+    fn legacy_function_calls_tell_replies_apart() {
+        let call = |args: &str| {
+            json!({"role":"assistant","content":null,
+            "function_call":{"name":"f","arguments":args}})
+        };
+        assert_ne!(
+            message_id(None, &call("{\"a\":1}")),
+            message_id(None, &call("{\"a\":2}"))
+        );
+        assert_eq!(
+            message_id(None, &call("{\"a\":1}")),
+            message_id(None, &call("{\"a\": 1}"))
         );
     }
 
