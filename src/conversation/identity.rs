@@ -79,10 +79,12 @@ enum Part<'a> {
     Text(String),
     /// Chat tool calls, each as a [`Part::Call`].
     Calls(&'a [Value]),
-    /// A tool call as its id (chat only), its function's name and its arguments.
+    /// A tool call as its id (chat only), its function's name and its arguments, or for a
+    /// custom tool call its `custom` object (name and input) as it is.
     Call {
         id: Option<&'a Value>,
         function: Option<&'a Value>,
+        custom: Option<&'a Value>,
     },
 }
 
@@ -123,6 +125,7 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
             "function_call" => Part::Call {
                 id: None,
                 function: Some(v),
+                custom: None,
             },
             "refusal" => Part::Pruned(v),
             "tool_calls" => match v {
@@ -181,11 +184,18 @@ impl Part<'_> {
             Part::Pruned(v) => sorted(v, true),
             Part::Text(t) => Value::String(t.clone()),
             Part::Calls(calls) => Value::Array(calls.iter().map(|c| call(c).to_value()).collect()),
-            Part::Call { id, function } => {
+            Part::Call {
+                id,
+                function,
+                custom,
+            } => {
                 let mut out = Map::new();
                 let name = function.and_then(|f| f.get("name"));
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
                     out.insert("arguments".into(), arguments(v, Part::Value(v)).to_value());
+                }
+                if let Some(v) = custom {
+                    out.insert("custom".into(), sorted(v, true));
                 }
                 if let Some(v) = id {
                     out.insert("id".into(), sorted(v, false));
@@ -204,6 +214,7 @@ fn call(c: &Value) -> Part<'_> {
     Part::Call {
         id: c.get("id"),
         function: c.get("function"),
+        custom: c.get("custom").filter(|v| !v.is_null()),
     }
 }
 
@@ -311,10 +322,17 @@ impl Serialize for Part<'_> {
                 }
                 seq.end()
             }
-            Part::Call { id, function } => {
+            Part::Call {
+                id,
+                function,
+                custom,
+            } => {
                 let mut map = s.serialize_map(None)?;
                 if let Some(v) = function.and_then(|f| f.get("arguments")) {
                     map.serialize_entry("arguments", &arguments(v, Part::Value(v)))?;
+                }
+                if let Some(v) = custom {
+                    map.serialize_entry("custom", &Sorted::new(v, true))?;
                 }
                 if let Some(v) = id {
                     map.serialize_entry("id", &Sorted::new(v, false))?;
@@ -615,6 +633,16 @@ mod tests {
             message_id(None, &search("rust", "completed")),
             message_id(None, &resent)
         );
+    }
+
+    #[test]
+    fn custom_tool_calls_differ_by_their_input() {
+        let call = |input: &str| {
+            json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":"c1","type":"custom","custom":{"name":"shell","input":input}}]})
+        };
+        assert_ne!(message_id(None, &call("ls")), message_id(None, &call("rm")));
+        assert_eq!(message_id(None, &call("ls")), message_id(None, &call("ls")));
     }
 
     #[test]
