@@ -633,3 +633,42 @@ fn roles_without_a_default_role_warn_about_keys_that_have_none() {
     }
     assert!(!out.contains("fine.yaml"), "{out}");
 }
+
+/// Messages speak to the file's author: no parser API advice, a key listed twice in one file
+/// said as such, and a bad `CTXPROXY_UPSTREAM_URL` blamed on the variable.
+#[test]
+fn messages_name_the_real_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = "  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n";
+    let server = write(
+        dir.path(),
+        &[
+            ("dup", "keys: any\nkeys: any\n"),
+            ("twice", &format!("keys:\n{key}{key}")),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("duplicate mapping key: keys"), "{out}");
+    assert!(!out.contains("DuplicateKeyPolicy"), "{out}");
+    assert!(
+        has_line(
+            &out,
+            "tenants/twice.yaml: keys[1].sha256: the same key is listed twice"
+        ),
+        "{out}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["check-config", "--config"])
+        .arg(&server)
+        .env("CTXPROXY_UPSTREAM_URL", "ftp://nowhere")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(
+            "tenants/twice.yaml: upstream.base_url (from CTXPROXY_UPSTREAM_URL): expected an http:// or https:// URL"
+        ),
+        "{text}"
+    );
+}

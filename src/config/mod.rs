@@ -273,12 +273,17 @@ impl Config {
                             continue;
                         };
                         if let Some((other, _)) = by_key.get(&hash) {
-                            let other_label = &tenants[*other].0;
+                            let message = if *other == idx {
+                                format!("keys[{i}].sha256: the same key is listed twice")
+                            } else {
+                                let other_label = &tenants[*other].0;
+                                format!(
+                                    "keys[{i}].sha256: the same key is listed by {other_label}; two tenants may not share a key"
+                                )
+                            };
                             problems.push(Problem {
                                 file: label.clone(),
-                                message: format!(
-                                    "keys[{i}].sha256: the same key is listed by {other_label}; two tenants may not share a key"
-                                ),
+                                message,
                             });
                             continue;
                         }
@@ -401,7 +406,12 @@ fn build_tenant(
     let base = upstream_override.unwrap_or(&file.upstream.base_url);
     if !(base.starts_with("http://") || base.starts_with("https://")) {
         problems.push(problem(format!(
-            "upstream.base_url: expected an http:// or https:// URL, found `{base}`"
+            "upstream.base_url{}: expected an http:// or https:// URL, found `{base}`",
+            if upstream_override.is_some() {
+                format!(" (from {})", env::UPSTREAM_URL)
+            } else {
+                String::new()
+            }
         )));
     }
     // `api_key_env` is optional with listed keys (SPEC 2 does not require it): without it no

@@ -26,6 +26,19 @@ const MAX_PASSES: usize = 1000;
 /// cut out (defaults in their place), for the checks that follow reading; `None` when even that
 /// failed, or when a list entry had to be cut (the value's indexes would not be the file's).
 pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
+    let (value, problems) = parse_all_raw(text);
+    (value, problems.iter().map(|p| without_advice(p)).collect())
+}
+
+/// A parser message without advice meant for the parser's API user, which a config file's
+/// author cannot act on.
+fn without_advice(problem: &str) -> String {
+    problem
+        .trim_end_matches(", set DuplicateKeyPolicy in Options if acceptable")
+        .to_string()
+}
+
+fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
     let mut failure = match attempt::<T>(text) {
         Ok(value) => return (Some(value), Vec::new()),
         Err(f) => f,
