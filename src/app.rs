@@ -87,16 +87,40 @@ impl AppState {
                 for w in &loaded.warnings {
                     tracing::warn!(problem = %w, "configuration warning");
                 }
-                // The socket and the pool are built once: changing them needs a restart.
-                if fresh.server.server.listen != current.server.server.listen
-                    || fresh.server.database.url != current.server.database.url
-                {
+                // The socket, the shutdown timer, the pool and the admin token are set up once:
+                // changing them needs a restart. The body limit is read per request.
+                let (was, now) = (&current.server, &fresh.server);
+                let restart_only = [
+                    ("server.listen", was.server.listen != now.server.listen),
+                    (
+                        "server.shutdown_grace_s",
+                        was.server.shutdown_grace_s != now.server.shutdown_grace_s,
+                    ),
+                    ("database.url", was.database.url != now.database.url),
+                    (
+                        "database.max_connections",
+                        was.database.max_connections != now.database.max_connections,
+                    ),
+                    (
+                        "admin.token_env",
+                        was.admin.token_env != now.admin.token_env,
+                    ),
+                ];
+                let changed: Vec<&str> = restart_only
+                    .iter()
+                    .filter(|(_, changed)| *changed)
+                    .map(|(key, _)| *key)
+                    .collect();
+                if !changed.is_empty() {
                     tracing::warn!(
-                        "server.listen or database.url changed; they take effect after a restart"
+                        keys = %changed.join(", "),
+                        "these server keys changed; they take effect after a restart"
                     );
                 }
-                fresh.server.server = current.server.server.clone();
+                fresh.server.server.listen = current.server.server.listen.clone();
+                fresh.server.server.shutdown_grace_s = current.server.server.shutdown_grace_s;
                 fresh.server.database = current.server.database.clone();
+                fresh.server.admin = current.server.admin.clone();
                 // The environment does not change while we run; keep what start-up resolved.
                 fresh.admin_token = current.admin_token.clone();
                 for tenant in &fresh.tenants {

@@ -452,3 +452,37 @@ async fn a_bad_log_format_or_filter_is_a_warning() {
     );
     assert!(log.contains("CTXPROXY_LOG: not a log filter"), "{log}");
 }
+
+/// `server.max_body_bytes` is read per request, so a change to it is reloaded like the
+/// tenant files (the keys that need a restart are named in a warning instead).
+#[tokio::test]
+async fn a_new_body_limit_is_reloaded() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    // Serving means the watcher has read the files as they were (it starts before the server).
+    let ok = client().get(proxy.url("/healthz")).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let server_file = proxy.dir.path().join("ctxproxy.yaml");
+    let text = std::fs::read_to_string(&server_file).unwrap();
+    assert!(text.contains("max_body_bytes: 33554432"), "{text}");
+    std::fs::write(
+        &server_file,
+        text.replace("max_body_bytes: 33554432", "max_body_bytes: 1000"),
+    )
+    .unwrap();
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(5000)}]});
+    let mut refused = false;
+    for _ in 0..100 {
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&big)
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 413 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused, "the new max_body_bytes was never used");
+}
