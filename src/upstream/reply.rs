@@ -107,12 +107,45 @@ struct ChoiceDeltas {
     extra: Map<String, Value>,
 }
 
+/// One streamed tool call's fields, merged as the SDK merges deltas, so a custom tool call
+/// (`custom.name`, `custom.input` fragments) and fields the proxy does not know are rebuilt as
+/// they came, not forced into a `function` shape.
 #[derive(Debug, Default)]
 struct ToolCallDeltas {
-    id: Option<String>,
-    kind: Option<String>,
-    name: String,
-    arguments: String,
+    fields: Map<String, Value>,
+}
+
+impl ToolCallDeltas {
+    fn feed(&mut self, call: &Value) {
+        let Value::Object(fields) = call else { return };
+        for (key, value) in fields {
+            match key.as_str() {
+                "index" => {}
+                // Some providers repeat the id in every chunk: it is not a fragment.
+                "id" if !value.is_null() => {
+                    self.fields.insert(key.clone(), value.clone());
+                }
+                _ => merge_delta(&mut self.fields, key, value),
+            }
+        }
+    }
+
+    /// The call as a message carries it: `id` and `type` always, and a function call's `name`
+    /// and `arguments` even if no chunk sent them.
+    fn finish(self) -> Value {
+        let mut call = self.fields;
+        let custom = call.contains_key("custom");
+        if !custom {
+            if let Value::Object(f) = call.entry("function").or_insert_with(|| json!({})) {
+                f.entry("name").or_insert_with(|| Value::from(""));
+                f.entry("arguments").or_insert_with(|| Value::from(""));
+            }
+        }
+        call.entry("id").or_insert_with(|| Value::from(""));
+        call.entry("type")
+            .or_insert_with(|| Value::from(if custom { "custom" } else { "function" }));
+        Value::Object(call)
+    }
 }
 
 impl StreamAccumulator {
@@ -223,21 +256,7 @@ impl StreamAccumulator {
                 .flatten()
             {
                 let ci = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                let tc = acc.tool_calls.entry(ci).or_default();
-                if let Some(id) = call.get("id").and_then(Value::as_str) {
-                    tc.id = Some(id.to_string());
-                }
-                if let Some(k) = call.get("type").and_then(Value::as_str) {
-                    tc.kind = Some(k.to_string());
-                }
-                if let Some(f) = call.get("function") {
-                    if let Some(n) = f.get("name").and_then(Value::as_str) {
-                        tc.name.push_str(n);
-                    }
-                    if let Some(a) = f.get("arguments").and_then(Value::as_str) {
-                        tc.arguments.push_str(a);
-                    }
-                }
+                acc.tool_calls.entry(ci).or_default().feed(call);
             }
         }
     }
@@ -263,13 +282,7 @@ impl StreamAccumulator {
                 let calls: Vec<Value> = acc
                     .tool_calls
                     .into_values()
-                    .map(|tc| {
-                        json!({
-                            "id": tc.id.unwrap_or_default(),
-                            "type": tc.kind.unwrap_or_else(|| "function".into()),
-                            "function": {"name": tc.name, "arguments": tc.arguments},
-                        })
-                    })
+                    .map(ToolCallDeltas::finish)
                     .collect();
                 message.insert("tool_calls".into(), Value::Array(calls));
             }
@@ -503,6 +516,26 @@ mod tests {
         let reply = acc.finish().reply;
         assert_eq!(reply.messages, out.as_array().cloned().unwrap());
         assert_eq!(reply.id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
+    fn streamed_custom_tool_calls_are_rebuilt_as_they_came() {
+        let chunks = [
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"c1","type":"custom","custom":{"name":"shell","input":""}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","custom":{"input":"ls "}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"-la"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ];
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        for c in &chunks {
+            acc.feed(format!("data: {c}\n\n").as_bytes());
+        }
+        acc.feed(b"data: [DONE]\n\n");
+        let reply = acc.finish().reply;
+        assert_eq!(
+            reply.messages[0]["tool_calls"],
+            json!([{"id":"c1","type":"custom","custom":{"name":"shell","input":"ls -la"}}])
+        );
     }
 
     #[test]
