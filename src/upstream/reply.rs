@@ -135,11 +135,9 @@ impl ToolCallDeltas {
     fn finish(self) -> Value {
         let mut call = self.fields;
         let custom = call.contains_key("custom");
-        if !custom {
-            if let Value::Object(f) = call.entry("function").or_insert_with(|| json!({})) {
-                f.entry("name").or_insert_with(|| Value::from(""));
-                f.entry("arguments").or_insert_with(|| Value::from(""));
-            }
+        if !custom && let Value::Object(f) = call.entry("function").or_insert_with(|| json!({})) {
+            f.entry("name").or_insert_with(|| Value::from(""));
+            f.entry("arguments").or_insert_with(|| Value::from(""));
         }
         call.entry("id").or_insert_with(|| Value::from(""));
         call.entry("type")
