@@ -415,15 +415,9 @@ async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
     let body = resp.text().await.unwrap();
     assert_eq!(status, 200, "{body}");
     // What the killed process had committed is still there, and the new turn went on from it.
-    let stored: serde_json::Value = http
-        .get(proxy.url("/ctxproxy/v1/sessions/default/s-killed/messages"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, stored) = proxy
+        .admin_get("/ctxproxy/v1/sessions/default/s-killed/messages")
+        .await;
     let contents: Vec<&str> = stored
         .as_array()
         .unwrap()

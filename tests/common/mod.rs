@@ -160,14 +160,17 @@ impl Proxy {
 
     /// GET an admin route (`/ctxproxy/v1/...`) with the admin token; returns status and JSON.
     pub async fn admin_get(&self, path: &str) -> (u16, serde_json::Value) {
-        let resp = client()
-            .get(self.url(path))
-            .bearer_auth(ADMIN_TOKEN)
-            .send()
+        admin_get(&self.url(path)).await
+    }
+
+    /// The value of `ctxproxy_store_errors_total` now.
+    pub async fn store_errors_total(&self) -> f64 {
+        self.metrics_text()
             .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+            .lines()
+            .find_map(|l| l.strip_prefix("ctxproxy_store_errors_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// The stored messages of a session's head branch, via the admin API.
@@ -218,6 +221,18 @@ impl Proxy {
             let _ = t.await;
         }
     }
+}
+
+/// GET an admin route's full URL with the admin token; returns status and JSON.
+pub async fn admin_get(url: &str) -> (u16, serde_json::Value) {
+    let resp = client()
+        .get(url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(serde_json::Value::Null))
 }
 
 /// A mock upstream plus a proxy in front of it.
@@ -335,6 +350,11 @@ impl BinaryProxy {
     /// `http://addr` + `path`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// GET an admin route (`/ctxproxy/v1/...`) with the admin token; returns status and JSON.
+    pub async fn admin_get(&self, path: &str) -> (u16, serde_json::Value) {
+        admin_get(&self.url(path)).await
     }
 
     /// Everything the process (and earlier ones on this folder) wrote.

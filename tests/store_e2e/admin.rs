@@ -220,13 +220,7 @@ async fn streamed_chat_record_keeps_the_rebuilt_choice_and_usage(b: Backend) {
 /// gets its answer, the reply has nowhere to go, and that is no store error to alert on.
 async fn a_session_deleted_while_its_request_runs_is_no_store_error(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
-    let errors = |text: String| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix("ctxproxy_store_errors_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    let errors_before = errors(proxy.metrics_text().await);
+    let errors_before = proxy.store_errors_total().await;
     let slow = tokio::spawn(
         client()
             .post(format!("{}/chat/completions", proxy.base_url()))
@@ -253,7 +247,7 @@ async fn a_session_deleted_while_its_request_runs_is_no_store_error(b: Backend) 
         .admin_get("/ctxproxy/v1/sessions/default/doomed")
         .await;
     assert_eq!(status, 404, "the deleted session stays deleted");
-    assert_eq!(errors(proxy.metrics_text().await), errors_before);
+    assert_eq!(proxy.store_errors_total().await, errors_before);
 }
 
 on_both_backends!(

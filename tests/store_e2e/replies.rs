@@ -224,13 +224,7 @@ async fn store_down_is_503_store_unavailable_and_the_upstream_is_not_called(b: B
     assert_eq!(ok.status, 200, "{}", ok.body);
     take_the_store_down(&b, &proxy).await;
     mock.clear_requests();
-    let errors = |text: String| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix("ctxproxy_store_errors_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    let errors_before = errors(proxy.metrics_text().await);
+    let errors_before = proxy.store_errors_total().await;
 
     for (session, body) in [
         (
@@ -253,7 +247,7 @@ async fn store_down_is_503_store_unavailable_and_the_upstream_is_not_called(b: B
     }
     assert!(mock.requests().is_empty(), "the upstream was never called");
     assert!(
-        errors(proxy.metrics_text().await) >= errors_before + 2.0,
+        proxy.store_errors_total().await >= errors_before + 2.0,
         "each refusal counts in ctxproxy_store_errors_total"
     );
 
