@@ -837,13 +837,26 @@ async fn a_wrong_method_is_an_openai_shaped_405() {
 /// An upstream that answers every chat and Responses request with `chunks`, one network write
 /// each.
 async fn raw_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
+    raw_sse_upstream_lingering(chunks, std::time::Duration::ZERO).await
+}
+
+/// Like [`raw_sse_upstream`], but the body ends only `linger` after the last chunk.
+async fn raw_sse_upstream_lingering(
+    chunks: Vec<bytes::Bytes>,
+    linger: std::time::Duration,
+) -> String {
     use axum::routing::post;
+    use futures_util::StreamExt;
     let answer = move || {
         let chunks = chunks.clone();
         async move {
-            let stream = futures_util::stream::iter(
-                chunks.into_iter().map(Ok::<_, std::convert::Infallible>),
-            );
+            let end = futures_util::stream::once(async move {
+                tokio::time::sleep(linger).await;
+                bytes::Bytes::new()
+            });
+            let stream = futures_util::stream::iter(chunks)
+                .chain(end)
+                .map(Ok::<_, std::convert::Infallible>);
             (
                 [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
                 axum::body::Body::from_stream(stream),
@@ -1072,4 +1085,48 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
     // An ordinary request on a new connection is served as before.
     let ok = client().get(proxy.url("/healthz")).send().await.unwrap();
     assert_eq!(ok.status(), 200);
+}
+
+/// The SDKs stop reading a chat stream at `data: [DONE]` and may send the next turn at once,
+/// before the body has ended. That turn must find the reply stored: the proxy passes `[DONE]`
+/// on only once it is. Here the upstream keeps the body open after `[DONE]`, so a `[DONE]`
+/// relayed early would reach the client long before the reply could be stored.
+#[tokio::test]
+async fn the_next_turn_sent_at_done_finds_the_streamed_reply() {
+    let mut chunks = sse_chunks(&[
+        json!({"id":"c-done","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"}}]}),
+        json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+    ]);
+    chunks.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
+    let upstream = raw_sse_upstream_lingering(chunks, std::time::Duration::from_millis(600)).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let question = json!({"role": "user", "content": "hi"});
+    let mut first = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "m", "stream": true, "messages": [question]}))
+        .send()
+        .await
+        .unwrap();
+    let session = first.headers()["x-ctxproxy-session"].clone();
+    let mut text = String::new();
+    while !text.contains("[DONE]") {
+        let chunk = first.chunk().await.unwrap().expect("[DONE] before the end");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    // At once, as the SDK does, without reading to the end of the body.
+    let next = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "m", "messages": [
+            question,
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "and then?"}]}))
+        .send()
+        .await
+        .unwrap();
+    drop(first);
+    assert_eq!(
+        next.headers()["x-ctxproxy-session"],
+        session,
+        "auto matching found the reply"
+    );
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use memchr::memmem;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -53,20 +54,49 @@ where
         let mut acc = StreamAccumulator::new(kind);
         let mut client_gone = false;
         let mut error = None;
+        // The chunk that carries a chat stream's `data: [DONE]`, held until the reply is stored:
+        // the SDKs stop reading at `[DONE]` and may send the next turn at once, which must find
+        // this reply (auto matching, a resent history) rather than race its write.
+        let mut held: Option<Bytes> = None;
         loop {
+            // After `[DONE]` the upstream has nothing left to say; one that keeps the
+            // connection open is not waited for long.
+            let wait = if held.is_some() {
+                AFTER_DONE.min(idle)
+            } else {
+                idle
+            };
             let next = tokio::select! {
-                next = tokio::time::timeout(idle, stream.next()) => next,
+                next = tokio::time::timeout(wait, stream.next()) => next,
                 () = abort.cancelled() => {
                     error = Some(Error::ShuttingDown);
                     break;
                 }
             };
             match next {
+                Ok(Some(Ok(chunk)))
+                    if held.is_none() && memmem::find(&chunk, b"[DONE]").is_some() =>
+                {
+                    acc.feed(&chunk);
+                    if acc.saw_done() {
+                        held = Some(chunk);
+                    } else if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+                        client_gone = true;
+                    }
+                }
                 Ok(Some(Ok(chunk))) => {
                     // The client's copy goes first (a `Bytes` clone shares the buffer), so the
                     // rebuild never holds a chunk back; it runs before the next read, which
                     // linear parsing keeps cheap.
-                    if !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
+                    let pass = match &mut held {
+                        // Bytes after `[DONE]` follow it, in order.
+                        Some(h) => {
+                            *h = [h.as_ref(), chunk.as_ref()].concat().into();
+                            false
+                        }
+                        None => true,
+                    };
+                    if pass && !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
                         client_gone = true;
                     }
                     acc.feed(&chunk);
@@ -79,10 +109,16 @@ where
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    error = Some(Error::UpstreamTimeout(idle));
+                    if held.is_none() {
+                        error = Some(Error::UpstreamTimeout(idle));
+                    }
                     break;
                 }
             }
+        }
+        // A whole answer arrived: what happens after `[DONE]` does not change that.
+        if held.is_some() {
+            error = None;
         }
         let upstream_done = Instant::now();
         let streamed = acc.finish();
@@ -107,11 +143,19 @@ where
             client_gone,
         })
         .await;
+        if let Some(last) = held
+            && !client_gone
+        {
+            let _ = tx.send(Ok(last)).await;
+        }
         drop(tx);
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Body::from_stream(stream)
 }
+
+/// How long the upstream may keep a chat stream open after its `[DONE]`.
+const AFTER_DONE: Duration = Duration::from_secs(1);
 
 /// A stream that the transport delivered but that is not a whole answer, as the error its
 /// request ends with (502, like a stream the transport broke).

@@ -121,9 +121,12 @@ impl ToolCallDeltas {
         for (key, value) in fields {
             match key.as_str() {
                 "index" => {}
-                // Some providers repeat the id in every chunk: it is not a fragment.
-                "id" if !value.is_null() => {
-                    self.fields.insert(key.clone(), value.clone());
+                // Some providers repeat the id (and type) in every chunk, or send them empty
+                // after the first: neither is a fragment, and an empty one changes nothing.
+                "id" | "type" => {
+                    if value.as_str().is_some_and(|v| !v.is_empty()) {
+                        self.fields.insert(key.clone(), value.clone());
+                    }
                 }
                 _ => merge_delta(&mut self.fields, key, value),
             }
@@ -192,6 +195,11 @@ impl StreamAccumulator {
             ApiKind::Responses => self.finish_responses(),
         };
         Streamed { reply, failure }
+    }
+
+    /// Whether the stream's `data: [DONE]` has been fed: the client's SDK stops reading there.
+    pub fn saw_done(&self) -> bool {
+        self.done
     }
 
     fn event(&mut self, event: SseEvent) {
@@ -514,6 +522,25 @@ mod tests {
         let reply = acc.finish().reply;
         assert_eq!(reply.messages, out.as_array().cloned().unwrap());
         assert_eq!(reply.id.as_deref(), Some("resp_1"));
+    }
+
+    #[test]
+    fn an_empty_or_repeated_tool_call_id_keeps_the_first_one() {
+        let chunks = [
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_p1","type":"function","function":{"name":"f","arguments":""}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"","type":"","function":{"arguments":"{}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_p1","function":{"arguments":""}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ];
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        for c in &chunks {
+            acc.feed(format!("data: {c}\n\n").as_bytes());
+        }
+        let reply = acc.finish().reply;
+        assert_eq!(
+            reply.messages[0]["tool_calls"],
+            json!([{"id":"call_p1","type":"function","function":{"name":"f","arguments":"{}"}}])
+        );
     }
 
     #[test]
