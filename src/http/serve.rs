@@ -1,10 +1,14 @@
-//! The accept loop: what `axum::serve` does, plus a limit it does not let us set. A client that
-//! has not sent its request headers within [`HEADER_READ_TIMEOUT`] (by default) is
-//! disconnected: with no
-//! limit, a connection that sent half a request line stayed open for ever (slowloris), and
-//! each one held up shutdown for the whole grace period.
+//! The accept loop: what `axum::serve` does, plus limits it does not let us set. A client that
+//! has not sent a whole request head within [`HEADER_READ_TIMEOUT`] (by default) is
+//! disconnected, whatever the protocol: with no limit, a connection that sent nothing, half a
+//! request line or only an HTTP/2 preface stayed open for ever (slowloris). hyper's own header
+//! timeout covers HTTP/1 requests; a connection's first request is also watched here, since
+//! hyper sniffs the protocol (HTTP/1 or 2) before that timeout applies. On shutdown, a
+//! connection that has not sent its first request yet is closed at once instead of holding
+//! shutdown up.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +20,8 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 /// How long a client may take to send a request's headers (the body is the routes' business).
@@ -37,6 +43,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout);
     let graceful = GracefulShutdown::new();
+    let stopping = CancellationToken::new();
     tokio::pin!(stop);
     loop {
         let tcp = tokio::select! {
@@ -52,22 +59,43 @@ pub async fn serve(
         };
         // Small SSE chunks must leave at once, not wait for Nagle.
         let _ = tcp.set_nodelay(true);
+        let first_request = Arc::new(Notify::new());
+        let seen = first_request.clone();
         // A clone of a `Router` shares its route table.
-        let service = TowerToHyperService::new(
-            router
-                .clone()
-                .map_request(|req: Request<Incoming>| req.map(Body::new)),
-        );
+        let service =
+            TowerToHyperService::new(router.clone().map_request(move |req: Request<Incoming>| {
+                seen.notify_one();
+                req.map(Body::new)
+            }));
         let conn = builder
             .serve_connection(TokioIo::new(tcp), service)
             .into_owned();
         let conn = graceful.watch(conn);
+        let stopping = stopping.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            tokio::pin!(conn);
+            // Until its first request head is in, a connection lives only so long, and not
+            // past the start of shutdown; dropping it closes the socket.
+            let first = tokio::select! {
+                ended = &mut conn => Some(ended),
+                () = stopping.cancelled() => return,
+                waited = tokio::time::timeout(header_read_timeout, first_request.notified()) => {
+                    if waited.is_err() {
+                        return;
+                    }
+                    None
+                }
+            };
+            let ended = match first {
+                Some(ended) => ended,
+                None => conn.await,
+            };
+            if let Err(e) = ended {
                 tracing::trace!(error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
+    stopping.cancel();
     graceful.shutdown().await;
 }
