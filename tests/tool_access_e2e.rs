@@ -376,8 +376,19 @@ async fn a_cut_that_leaves_no_tool_sends_no_tools_and_no_tool_options() {
     });
     let resp = responses(&proxy, "sk-viewer", responses_body.clone()).await;
     assert_eq!(resp.status(), 200);
+    // A tool_choice object that names no forbidden tool goes too: no tool is left for it.
+    let allowed_only = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool("delete_all")],
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": []}}
+    });
+    assert_eq!(
+        chat(&proxy, "sk-viewer", allowed_only, None).await.status(),
+        200
+    );
     let seen = mock.requests();
-    for sent in [&seen[0], &seen[1]] {
+    for sent in [&seen[0], &seen[1], &seen[2]] {
         let sent = sent.body_json().unwrap();
         for key in ["tools", "tool_choice", "parallel_tool_calls"] {
             assert!(sent.get(key).is_none(), "{key} was sent: {sent}");
@@ -388,7 +399,7 @@ async fn a_cut_that_leaves_no_tool_sends_no_tools_and_no_tool_options() {
         chat(&proxy, "sk-admin", chat_body, None).await.status(),
         200
     );
-    let sent = mock.requests()[2].body_json().unwrap();
+    let sent = mock.requests()[3].body_json().unwrap();
     assert_eq!(tool_names(&sent), ["delete_all"]);
     assert_eq!(
         (&sent["tool_choice"], &sent["parallel_tool_calls"]),

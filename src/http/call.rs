@@ -99,23 +99,19 @@ impl Call {
         }
     }
 
-    /// Leaves out, with `tools`, the options OpenAI accepts only beside them: a `tool_choice`
-    /// mode (`auto`, `none`, `required`) and `parallel_tool_calls`. A `tool_choice` object
-    /// names a tool, so it stays (one the role may not use was refused before this).
+    /// Leaves out, with `tools`, the options OpenAI accepts only beside them: `tool_choice`
+    /// (a mode, or an object: one naming a tool the role may not use was refused before this,
+    /// and any other names no tool that is left) and `parallel_tool_calls`.
     pub fn drop_tool_options(&mut self) {
         match self {
             Call::Chat(r) => {
                 r.tools = None;
-                if r.tool_choice.as_ref().is_some_and(Value::is_string) {
-                    r.tool_choice = None;
-                }
+                r.tool_choice = None;
                 r.extra.remove("parallel_tool_calls");
             }
             Call::Responses(r) => {
                 r.tools = None;
-                if r.extra.get("tool_choice").is_some_and(Value::is_string) {
-                    r.extra.remove("tool_choice");
-                }
+                r.extra.remove("tool_choice");
                 r.extra.remove("parallel_tool_calls");
             }
         }
