@@ -150,18 +150,38 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
     out
 }
 
-/// Tool-call arguments that are JSON text, as compact JSON with sorted keys: a client that
-/// re-serialises them (spaces, other key order, `\u` escapes) sends the same call. Anything
-/// else is written as `raw`.
+/// Tool-call arguments that are JSON text, as compact JSON with sorted keys and whole numbers
+/// written as integers: a client that re-serialises them (spaces, other key order, `\u`
+/// escapes, JavaScript's `35` for `35.0`, `100` for `1e2`) sends the same call. Anything else
+/// is written as `raw`.
 fn arguments<'a>(v: &'a Value, raw: Part<'a>) -> Part<'a> {
     let Value::String(text) = v else {
         return raw;
     };
     match serde_json::from_str::<Value>(text) {
-        Ok(parsed) => {
+        Ok(mut parsed) => {
+            whole_numbers_as_integers(&mut parsed);
             Part::Text(serde_json::to_string(&Sorted::new(&parsed, false)).unwrap_or_default())
         }
         Err(_) => raw,
+    }
+}
+
+/// Floats with no fractional part, up to 2^53 (beyond it a float is not exact), as integers.
+fn whole_numbers_as_integers(v: &mut Value) {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && f.abs() <= EXACT
+            {
+                *v = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(map) => map.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
     }
 }
 
@@ -661,6 +681,10 @@ mod tests {
             assert_eq!(id, message_id(None, &m(r#"{"a": 1, "b": "é"}"#)));
             assert_eq!(id, message_id(None, &m(r#"{"b":"é","a":1}"#)));
             assert_ne!(id, message_id(None, &m(r#"{"a":2,"b":"é"}"#)));
+            // Whole numbers as JavaScript writes them; a real fraction stays one.
+            let floats = message_id(None, &m(r#"{"lat":35.0,"n":1e2}"#));
+            assert_eq!(floats, message_id(None, &m(r#"{"lat":35,"n":100}"#)));
+            assert_ne!(floats, message_id(None, &m(r#"{"lat":35.5,"n":100}"#)));
             // Arguments that are not JSON are compared as they are.
             assert_ne!(
                 message_id(None, &m("{a: 1")),
