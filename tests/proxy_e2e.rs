@@ -1089,6 +1089,21 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
             String::from_utf8_lossy(sent)
         );
     }
+    // A kept-alive connection idle for longer than that between requests stays usable: clients
+    // reuse pooled connections for far longer, and a POST on one closed under them fails.
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    for _ in 0..2 {
+        tcp.write_all(get).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = tcp.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    }
     // An ordinary request on a new connection is served as before.
     let ok = client().get(proxy.url("/healthz")).send().await.unwrap();
     assert_eq!(ok.status(), 200);
@@ -1096,44 +1111,52 @@ async fn a_client_that_never_finishes_its_headers_is_disconnected() {
 
 /// The SDKs stop reading a chat stream at `data: [DONE]` and may send the next turn at once,
 /// before the body has ended. That turn must find the reply stored: the proxy passes `[DONE]`
-/// on only once it is. Here the upstream keeps the body open after `[DONE]`, so a `[DONE]`
-/// relayed early would reach the client long before the reply could be stored.
+/// on only once it is, also when `[DONE]` comes split across two reads. Here the upstream keeps
+/// the body open after `[DONE]`, so a `[DONE]` relayed early would reach the client long before
+/// the reply could be stored.
 #[tokio::test]
 async fn the_next_turn_sent_at_done_finds_the_streamed_reply() {
-    let mut chunks = sse_chunks(&[
-        json!({"id":"c-done","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"}}]}),
-        json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
-    ]);
-    chunks.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
-    let upstream = raw_sse_upstream_lingering(chunks, std::time::Duration::from_millis(600)).await;
-    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
-    let question = json!({"role": "user", "content": "hi"});
-    let mut first = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .json(&json!({"model": "m", "stream": true, "messages": [question]}))
-        .send()
-        .await
-        .unwrap();
-    let session = first.headers()["x-ctxproxy-session"].clone();
-    let mut text = String::new();
-    while !text.contains("[DONE]") {
-        let chunk = first.chunk().await.unwrap().expect("[DONE] before the end");
-        text.push_str(&String::from_utf8_lossy(&chunk));
+    for done in [
+        &[&b"data: [DONE]\n\n"[..]][..],
+        &[&b"data: [DO"[..], b"NE]\n\n"],
+        &[&b"data: [DONE]"[..], b"\n\n"],
+    ] {
+        let mut chunks = sse_chunks(&[
+            json!({"id":"c-done","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ]);
+        chunks.extend(done.iter().map(|part| bytes::Bytes::from_static(part)));
+        let upstream =
+            raw_sse_upstream_lingering(chunks, std::time::Duration::from_millis(600)).await;
+        let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+        let question = json!({"role": "user", "content": "hi"});
+        let mut first = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&json!({"model": "m", "stream": true, "messages": [question]}))
+            .send()
+            .await
+            .unwrap();
+        let session = first.headers()["x-ctxproxy-session"].clone();
+        let mut text = String::new();
+        while !text.contains("[DONE]\n\n") {
+            let chunk = first.chunk().await.unwrap().expect("[DONE] before the end");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        // At once, as the SDK does, without reading to the end of the body.
+        let next = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&json!({"model": "m", "messages": [
+                question,
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "and then?"}]}))
+            .send()
+            .await
+            .unwrap();
+        drop(first);
+        assert_eq!(
+            next.headers()["x-ctxproxy-session"],
+            session,
+            "auto matching found the reply ([DONE] sent as {done:?})"
+        );
     }
-    // At once, as the SDK does, without reading to the end of the body.
-    let next = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .json(&json!({"model": "m", "messages": [
-            question,
-            {"role": "assistant", "content": "Hello"},
-            {"role": "user", "content": "and then?"}]}))
-        .send()
-        .await
-        .unwrap();
-    drop(first);
-    assert_eq!(
-        next.headers()["x-ctxproxy-session"],
-        session,
-        "auto matching found the reply"
-    );
 }

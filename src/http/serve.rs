@@ -1,11 +1,16 @@
-//! The accept loop: what `axum::serve` does, plus limits it does not let us set. A client that
-//! has not sent a whole request head within [`HEADER_READ_TIMEOUT`] (by default) is
-//! disconnected, whatever the protocol: with no limit, a connection that sent nothing, half a
-//! request line or only an HTTP/2 preface stayed open for ever (slowloris). hyper's own header
-//! timeout covers HTTP/1 requests; a connection's first request is also watched here, since
-//! hyper sniffs the protocol (HTTP/1 or 2) before that timeout applies. On shutdown, a
-//! connection that has not sent its first request yet is closed at once instead of holding
-//! shutdown up.
+//! The accept loop: what `axum::serve` does, plus limits it does not let us set.
+//!
+//! - A connection's first request head must arrive within [`HEADER_READ_TIMEOUT`] (by
+//!   default), whatever the protocol: with no limit, a connection that sent nothing, half a
+//!   request line or only an HTTP/2 preface stayed open for ever (slowloris). This is watched
+//!   here, since hyper sniffs the protocol (HTTP/1 or 2) before any timeout of its own applies.
+//! - hyper's HTTP/1 header timeout also runs between the requests of a kept-alive connection,
+//!   so it is set to [`IDLE_TIMEOUT`], far above the idle time of clients' connection pools
+//!   (5 s for the Python SDK, 90 s for Go and reqwest): a server that closes a pooled
+//!   connection just as a client reuses it fails that request, which clients do not retry for
+//!   a POST. It still bounds how long an idle or stuck connection lives.
+//! - On shutdown, a connection that has not sent its first request yet is closed at once
+//!   instead of holding shutdown up.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,8 +29,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// How long a client may take to send a request's headers (the body is the routes' business).
+/// How long a new connection may take to send its first request head (the body is the
+/// routes' business).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a kept-alive HTTP/1 connection may sit between requests (or in a later request's
+/// head) before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The pause after a failed accept (out of file descriptors, say) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -41,7 +50,7 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(IDLE_TIMEOUT.max(header_read_timeout));
     let graceful = GracefulShutdown::new();
     let stopping = CancellationToken::new();
     tokio::pin!(stop);

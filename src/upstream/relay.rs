@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use memchr::memmem;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -54,18 +53,16 @@ where
         let mut acc = StreamAccumulator::new(kind);
         let mut client_gone = false;
         let mut error = None;
-        // The chunk that carries a chat stream's `data: [DONE]`, held until the reply is stored:
-        // the SDKs stop reading at `[DONE]` and may send the next turn at once, which must find
-        // this reply (auto matching, a resent history) rather than race its write.
-        let mut held: Option<Bytes> = None;
+        // The chunk that completes a chat stream's `data: [DONE]` event (and any bytes after
+        // it), held until the reply is stored: the SDKs stop reading at `[DONE]` and may send
+        // the next turn at once, which must find this reply (auto matching, a resent history)
+        // rather than race its write.
+        let mut held: Option<Vec<u8>> = None;
+        // After `[DONE]` the upstream has nothing left to say; one that keeps the connection
+        // open (or keeps sending comments) is waited for until this deadline only.
+        let mut done_by: Option<Instant> = None;
         loop {
-            // After `[DONE]` the upstream has nothing left to say; one that keeps the
-            // connection open is not waited for long.
-            let wait = if held.is_some() {
-                AFTER_DONE.min(idle)
-            } else {
-                idle
-            };
+            let wait = done_by.map_or(idle, |by| by.saturating_duration_since(Instant::now()));
             let next = tokio::select! {
                 next = tokio::time::timeout(wait, stream.next()) => next,
                 () = abort.cancelled() => {
@@ -74,32 +71,25 @@ where
                 }
             };
             match next {
-                Ok(Some(Ok(chunk)))
-                    if held.is_none() && memmem::find(&chunk, b"[DONE]").is_some() =>
-                {
+                Ok(Some(Ok(chunk))) => {
+                    if let Some(held) = &mut held {
+                        // Bytes after `[DONE]` follow it, in order, within a bound.
+                        if held.len() + chunk.len() > AFTER_DONE_BYTES {
+                            break;
+                        }
+                        held.extend_from_slice(&chunk);
+                        continue;
+                    }
+                    // The rebuild sees the chunk before the client does: only it can tell that
+                    // this chunk completes the `[DONE]` event, which may arrive split across
+                    // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
                     acc.feed(&chunk);
                     if acc.saw_done() {
-                        held = Some(chunk);
+                        held = Some(chunk.to_vec());
+                        done_by = Some(Instant::now() + AFTER_DONE.min(idle));
                     } else if !client_gone && tx.send(Ok(chunk)).await.is_err() {
                         client_gone = true;
                     }
-                }
-                Ok(Some(Ok(chunk))) => {
-                    // The client's copy goes first (a `Bytes` clone shares the buffer), so the
-                    // rebuild never holds a chunk back; it runs before the next read, which
-                    // linear parsing keeps cheap.
-                    let pass = match &mut held {
-                        // Bytes after `[DONE]` follow it, in order.
-                        Some(h) => {
-                            *h = [h.as_ref(), chunk.as_ref()].concat().into();
-                            false
-                        }
-                        None => true,
-                    };
-                    if pass && !client_gone && tx.send(Ok(chunk.clone())).await.is_err() {
-                        client_gone = true;
-                    }
-                    acc.feed(&chunk);
                 }
                 Ok(Some(Err(e))) => {
                     error = Some(Error::UpstreamUnreachable(format!(
@@ -146,7 +136,7 @@ where
         if let Some(last) = held
             && !client_gone
         {
-            let _ = tx.send(Ok(last)).await;
+            let _ = tx.send(Ok(Bytes::from(last))).await;
         }
         drop(tx);
     });
@@ -154,8 +144,10 @@ where
     Body::from_stream(stream)
 }
 
-/// How long the upstream may keep a chat stream open after its `[DONE]`.
+/// How long the upstream may keep a chat stream open after its `[DONE]`, in all.
 const AFTER_DONE: Duration = Duration::from_secs(1);
+/// How many bytes after `[DONE]` are passed on (comments, keep-alive pings); the rest is not.
+const AFTER_DONE_BYTES: usize = 64 * 1024;
 
 /// A stream that the transport delivered but that is not a whole answer, as the error its
 /// request ends with (502, like a stream the transport broke).
