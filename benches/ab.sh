@@ -6,7 +6,7 @@
 #   RATE=100 DUR=10 ARGS="--history 200 --users 100 --session-header" benches/ab.sh DIR...
 #
 # Each DIR holds a `ctxproxy` binary. Knobs: RATE (1000), DUR (8), ARGS (loadgen options),
-# OUT (target/ab). Prints ok/errors and p50/p90/p99 to the last byte per run.
+# OUT (target/ab). Prints ok/errors and p50/p90/p99 to the last byte (and to the first) per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $# -gt 0 ]] || { echo "usage: benches/ab.sh BIN_DIR..." >&2; exit 2; }
@@ -39,8 +39,11 @@ for BIN in "$@"; do
   "$LOADGEN" run http://127.0.0.1:18860/v1 --rate "${RATE:-1000}" --duration "${DUR:-8}" ${ARGS:-} >"$OUT/r.json"
   python3 - "$BIN" "$OUT/r.json" <<'PY'
 import json, sys
-d = json.load(open(sys.argv[2])); l = d["ttlb_ms"]
-print(f"{sys.argv[1]}: {d['ok']} ok, {d['errors']} errors; p50 {l['p50']:.2f} p90 {l['p90']:.2f} p99 {l['p99']:.2f} ms")
+d = json.load(open(sys.argv[2])); l = d["ttlb_ms"]; f = d.get("ttfb_ms")
+line = f"{sys.argv[1]}: {d['ok']} ok, {d['errors']} errors; p50 {l['p50']:.2f} p90 {l['p90']:.2f} p99 {l['p99']:.2f} ms"
+if f:
+    line += f" (first byte p50 {f['p50']:.2f} p90 {f['p90']:.2f} p99 {f['p99']:.2f} ms)"
+print(line)
 PY
   kill "$PID"; wait "$PID" 2>/dev/null || true
 done
