@@ -55,6 +55,13 @@ fn keys_at<'a>(v: &'a Value, pointer: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// A streamed chat completion of one user message, ready to send (headers may be added).
+fn streamed_chat(base: &str, content: &str) -> reqwest::RequestBuilder {
+    client().post(format!("{base}/chat/completions")).json(
+        &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": content}]}),
+    )
+}
+
 /// Where `needle` first occurs in `haystack` (the raw body a peer received).
 fn at(haystack: &str, needle: &str) -> usize {
     haystack
@@ -140,14 +147,7 @@ async fn bodies_keep_their_key_order_upstream_and_in_the_store() {
 #[tokio::test]
 async fn chat_completion_streams_every_chunk() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
-    let resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
+    let resp = streamed_chat(&proxy.base_url(), "hi").send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert!(
         resp.headers()["content-type"]
@@ -584,13 +584,9 @@ async fn stalled_stream_ends_with_an_error_event() {
         "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 1\n",
     );
     let (proxy, _mock) = proxy_and_mock(opts).await;
-    let resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let resp = streamed_chat(&proxy.base_url(), "hi")
         .header("x-mock-hold-ms", "5000")
         .header("x-session-id", "stalled")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
         .send()
         .await
         .unwrap();
@@ -627,12 +623,8 @@ async fn first_sse_chunk_arrives_before_the_upstream_finishes() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
     // The mock sends its first event, then holds the stream open for a minute. Buffering
     // anywhere in the proxy would keep that first event from us until the hold ends.
-    let mut resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let mut resp = streamed_chat(&proxy.base_url(), "hi")
         .header("x-mock-hold-ms", "60000")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
         .send()
         .await
         .unwrap();
@@ -676,12 +668,8 @@ async fn health_and_unknown_routes() {
 #[tokio::test]
 async fn shutdown_lets_an_in_flight_stream_finish() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
-    let mut resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let mut resp = streamed_chat(&proxy.base_url(), "hi")
         .header("x-mock-chunk-delay-ms", "200")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
         .send()
         .await
         .unwrap();
@@ -703,13 +691,9 @@ async fn shutdown_still_stores_the_replies_of_clients_that_left() {
     let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
     let state = proxy.state.clone();
     let http = client();
-    let mut streamed = http
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let mut streamed = streamed_chat(&proxy.base_url(), "hi")
         .header("x-session-id", "gone-stream")
         .header("x-mock-chunk-delay-ms", "200")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
         .send()
         .await
         .unwrap();
@@ -895,11 +879,9 @@ async fn upstream_error_event_mid_chat_stream_fails_the_request() {
     let upstream = raw_sse_upstream(chunks).await;
     let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
     let ask = || {
-        client()
-            .post(format!("{}/chat/completions", proxy.base_url()))
+        streamed_chat(&proxy.base_url(), "q")
             .header("x-session-id", "s-err")
             .header("x-ctxproxy-history", "server")
-            .json(&json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "q"}]}))
             .send()
     };
     let resp = ask().await.unwrap();
@@ -939,12 +921,8 @@ async fn chat_stream_ending_without_finish_reason_or_done_is_cut_short() {
     ]);
     let upstream = raw_sse_upstream(chunks).await;
     let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
-    let resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let resp = streamed_chat(&proxy.base_url(), "q")
         .header("x-session-id", "s-cut")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "q"}]}),
-        )
         .send()
         .await
         .unwrap();
@@ -1030,12 +1008,8 @@ async fn unusually_framed_stream_with_a_large_event_is_stored_whole() {
         .collect();
     let upstream = raw_sse_upstream(chunks).await;
     let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
-    let resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
+    let resp = streamed_chat(&proxy.base_url(), "hi")
         .header("x-session-id", "s-raw")
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
         .send()
         .await
         .unwrap();

@@ -370,7 +370,7 @@ async fn prepare(
     let (opened, rewritten) = tokio::join!(biased; opening, rewrite);
     // A store failure is reported before a rewrite error, as if they had run in turn.
     let lock = opened?;
-    let completion = Completion {
+    let mut completion = Completion {
         state: state.clone(),
         tenant: tenant.name.clone(),
         session: resolved.id,
@@ -394,11 +394,8 @@ async fn prepare(
         }
     };
     let report = rewritten.report;
-    let completion = Completion {
-        report: report.clone(),
-        summary_job: rewritten.summary_job,
-        ..completion
-    };
+    completion.report = report.clone();
+    completion.summary_job = rewritten.summary_job;
     Ok(Prepared {
         call,
         completion,

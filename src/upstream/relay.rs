@@ -1,6 +1,7 @@
 //! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
-//! task reads the upstream, passes every chunk on at once and feeds a copy to the reply
-//! accumulator; it keeps reading after the client hangs up so the full reply is still stored.
+//! task reads the upstream, feeds every chunk to the reply accumulator and passes it on at once,
+//! except the chunk that completes a chat stream's `[DONE]`, which waits until the reply is
+//! stored; it keeps reading after the client hangs up so the full reply is still stored.
 //! A stream fails when the transport does, when it stalls, when the upstream sends an error event
 //! of its own, or when a chat stream stops before it finished (see `reply::StreamFailure`).
 
