@@ -504,3 +504,79 @@ fn reasoning_leading_an_unanswered_call_is_repaired_with_it() {
     let unanswered = RepairKind::UnansweredCall;
     assert_eq!(repaired(&report), [(2, unanswered), (3, unanswered)]);
 }
+
+/// A custom tool's history: `custom_tool_call` calls for `apply_patch`, answered by
+/// `custom_tool_call_output`, beside a function call.
+fn custom_tool_history() -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "fix the bug"}),
+        json!({"type": "custom_tool_call", "id": "ctc_1", "call_id": "p1", "name": "apply_patch", "input": "*** Begin Patch\n-a\n+b\n*** End Patch", "status": "completed"}),
+        json!({"type": "custom_tool_call_output", "call_id": "p1", "output": "patched"}),
+        json!({"type": "function_call", "call_id": "f1", "name": "run_tests", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "f1", "output": "ok"}),
+        json!({"type": "message", "role": "assistant", "content": "Fixed."}),
+        json!({"role": "user", "content": "thanks, what next?"}),
+    ]
+}
+
+/// Custom tools' calls are calls: the filter removes one by its name, with its output.
+#[test]
+fn a_custom_tool_call_is_filtered_by_its_name_with_its_output() {
+    let items = custom_tool_history();
+    let conv = ItemMessages::new(None, &items);
+    assert_eq!(conv.messages[1].tool_calls()[0].name(), "apply_patch");
+    assert_eq!(conv.messages[2].tool_call_id.as_deref(), Some("p1"));
+    let out = rewrite(&conv, json!({"tool_filter": {"exclude": ["apply_patch"]}}));
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert!(!sent.iter().any(|i| i["call_id"] == "p1"), "{sent:?}");
+    assert_eq!(call_ids(&sent), ["f1"]);
+    assert_eq!(
+        removed(&item_report(&conv, &items, &out)),
+        expect(&[(1, "assistant"), (2, "tool")], RemoveReason::ToolFilter)
+    );
+    // Left alone, the items go as they came.
+    assert_eq!(to_items(&rewrite(&conv, json!({})).messages), items);
+}
+
+/// The window counts a custom call like any other: with room for one call, the older one goes.
+#[test]
+fn the_window_counts_custom_tool_calls() {
+    let items = custom_tool_history();
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({"tool_call_window": {"max": 1}}));
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert_eq!(
+        types(&sent)[..3],
+        ["message", "function_call", "function_call_output"]
+    );
+}
+
+/// An unanswered custom call is answered with the custom tool's own output item, which is what
+/// the provider accepts for it.
+#[test]
+fn an_unanswered_custom_call_gets_a_custom_output_placeholder() {
+    let mut items = custom_tool_history();
+    items.remove(2);
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(
+        &conv,
+        json!({"repair": {"unanswered_calls": "placeholder"}}),
+    );
+    let sent = to_items(&out.messages);
+    check_items(&sent).unwrap();
+    assert_eq!(sent[1], items[1]);
+    let made = sent
+        .iter()
+        .find(|i| i["call_id"] == "p1" && i["type"] != "custom_tool_call");
+    assert_eq!(
+        made,
+        Some(
+            &json!({"type": "custom_tool_call_output", "call_id": "p1", "output": "[no result recorded]"})
+        )
+    );
+    let dropped = to_items(&rewrite(&conv, json!({})).messages);
+    check_items(&dropped).unwrap();
+    assert!(!dropped.iter().any(|i| i["call_id"] == "p1"));
+}

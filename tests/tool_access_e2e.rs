@@ -640,3 +640,35 @@ async fn a_responses_custom_tool_call_in_the_current_turn_is_checked() {
     .await;
     assert_eq!(resp.status(), 200);
 }
+
+/// With `scrub_history`, a Responses `custom_tool_call` in the history to a tool the role may not
+/// use goes with its `custom_tool_call_output`, as a function call would; calls to tools the role
+/// may use stay.
+#[tokio::test]
+async fn a_responses_custom_tool_call_in_the_history_is_scrubbed() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let input = json!([
+        {"role": "user", "content": "go"},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "delete_all", "input": "x"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "search_web", "input": "q"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "found"},
+        {"role": "user", "content": "and now?"}
+    ]);
+    let tools = json!([{"type": "custom", "name": "search_web"}]);
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input, "tools": tools}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    let kept: Vec<Value> = input.as_array().unwrap()[..1]
+        .iter()
+        .chain(&input.as_array().unwrap()[3..])
+        .cloned()
+        .collect();
+    assert_eq!(sent["input"], Value::Array(kept), "{sent}");
+}

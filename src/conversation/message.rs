@@ -170,6 +170,25 @@ impl ToolCall {
         }
     }
 
+    /// A custom tool call: free-text `input` to the custom tool `name`.
+    pub fn custom(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        input: impl Into<String>,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: Some("custom".into()),
+            function: None,
+            custom: Some(CustomCall {
+                name: name.into(),
+                input: input.into(),
+                extra: Map::new(),
+            }),
+            extra: Map::new(),
+        }
+    }
+
     /// The name of the tool called: `function.name`, or `custom.name` for a custom tool call;
     /// empty when the call names none.
     pub fn name(&self) -> &str {

@@ -178,7 +178,7 @@ impl Completion {
 }
 
 /// Counts and logs reply tool calls the role may not use (chat `tool_calls`, Responses
-/// `function_call` items).
+/// `function_call` and `custom_tool_call` items).
 fn flag_forbidden_calls(reply: &Reply, allowed: &Allowed) {
     let names = reply.messages.iter().flat_map(|m| {
         let chat = m
@@ -186,10 +186,17 @@ fn flag_forbidden_calls(reply: &Reply, allowed: &Allowed) {
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter_map(|c| c.pointer("/function/name").and_then(Value::as_str));
-        let item = (m.get("type").and_then(Value::as_str) == Some("function_call"))
-            .then(|| m.get("name").and_then(Value::as_str))
-            .flatten();
+            .filter_map(|c| {
+                c.pointer("/function/name")
+                    .or_else(|| c.pointer("/custom/name"))
+                    .and_then(Value::as_str)
+            });
+        let item = matches!(
+            m.get("type").and_then(Value::as_str),
+            Some("function_call" | "custom_tool_call")
+        )
+        .then(|| m.get("name").and_then(Value::as_str))
+        .flatten();
         chat.chain(item)
     });
     for name in names {

@@ -255,17 +255,8 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
             .get("function_call")
             .and_then(|c| c.get("name"))
             .and_then(Value::as_str);
-        // A Responses `custom_tool_call` item is opaque to the pipeline; its name still counts.
-        let custom_items = m
-            .extra
-            .get(responses_items::ORIGINAL_KEY)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|it| it.get("type").and_then(Value::as_str) == Some("custom_tool_call"))
-            .filter_map(|it| it.get("name").and_then(Value::as_str));
         let names = m.tool_calls().iter().map(|c| c.name());
-        for name in names.chain(legacy).chain(custom_items) {
+        for name in names.chain(legacy) {
             if !allowed.permits(name) {
                 return Err(access::forbidden(name, CONVERSATION_PARAM));
             }

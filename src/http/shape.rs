@@ -87,10 +87,19 @@ pub fn check_responses(r: &ResponsesRequest) -> Result<()> {
     check_metadata(r.metadata.as_ref())
 }
 
-/// A `function_call` or `function_call_output` item names its call by a string `call_id`.
+/// A call or call-output item (`function_call[_output]`, `custom_tool_call[_output]`) names its
+/// call by a string `call_id`.
 fn check_call_id(i: usize, item: &Map<String, Value>) -> Result<()> {
     let kind = item.get("type").and_then(Value::as_str);
-    if !matches!(kind, Some("function_call" | "function_call_output")) {
+    if !matches!(
+        kind,
+        Some(
+            "function_call"
+                | "function_call_output"
+                | "custom_tool_call"
+                | "custom_tool_call_output"
+        )
+    ) {
         return Ok(());
     }
     match item.get("call_id") {
@@ -194,6 +203,16 @@ mod tests {
         let output = json!({"type": "function_call_output", "call_id": 7, "output": "x"});
         assert_eq!(
             param(responses(json!({"model": "m", "input": [output]}))),
+            "input[0].call_id"
+        );
+        let custom = json!({"type": "custom_tool_call", "name": "p", "input": "x"});
+        assert_eq!(
+            param(responses(json!({"model": "m", "input": [custom]}))),
+            "input[0].call_id"
+        );
+        let custom_output = json!({"type": "custom_tool_call_output", "call_id": 7, "output": "x"});
+        assert_eq!(
+            param(responses(json!({"model": "m", "input": [custom_output]}))),
             "input[0].call_id"
         );
         assert_eq!(

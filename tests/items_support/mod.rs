@@ -19,7 +19,8 @@ fn call_id(item: &Value) -> String {
 }
 
 /// Every `function_call_output` answers an earlier `function_call` with its `call_id`, exactly
-/// once, and every call is answered; `Err` says what is wrong and where.
+/// once, and every call is answered (custom tools' `custom_tool_call` / `custom_tool_call_output`
+/// alike); `Err` says what is wrong and where.
 pub fn check_items(items: &[Value]) -> Result<(), String> {
     let mut open: HashSet<String> = HashSet::new();
     let mut answered: HashSet<String> = HashSet::new();
@@ -27,10 +28,12 @@ pub fn check_items(items: &[Value]) -> Result<(), String> {
         let id = call_id(item);
         match item["type"].as_str() {
             // The guard opens the call; it fails only for an id already seen.
-            Some("function_call") if answered.contains(&id) || !open.insert(id.clone()) => {
+            Some("function_call" | "custom_tool_call")
+                if answered.contains(&id) || !open.insert(id.clone()) =>
+            {
                 return Err(format!("call {id} at {i} repeats an id"));
             }
-            Some("function_call_output") => {
+            Some("function_call_output" | "custom_tool_call_output") => {
                 if !open.remove(&id) {
                     return Err(format!("output {id} at {i} answers no earlier open call"));
                 }

@@ -4,7 +4,8 @@
 //! call of the turn, since the provider wants reasoning followed by its turn's output, and
 //! goes when no call of the turn is left). A compressed result is its original item with
 //! `output` replaced. Messages the pipeline made (repair's `[no result recorded]`, a summary)
-//! are written fresh.
+//! are written fresh; a result made for a custom tool's call is a `custom_tool_call_output`, as
+//! the provider wants it.
 
 use std::collections::HashSet;
 
@@ -16,13 +17,18 @@ use crate::conversation::{Message, Role};
 /// The items to send for the (rewritten) `messages`; the instructions message is left out.
 pub fn to_items(messages: &[Message]) -> Vec<Value> {
     let mut out = Vec::with_capacity(messages.len());
+    // The call ids of custom tools' calls, for the results made for them.
+    let mut custom_calls: HashSet<&str> = HashSet::new();
     for m in messages {
         if m.extra.contains_key(INSTRUCTIONS_KEY) {
             continue;
         }
+        for call in m.tool_calls().iter().filter(|c| c.custom.is_some()) {
+            custom_calls.insert(&call.id);
+        }
         match m.extra.get(ORIGINAL_KEY).and_then(Value::as_array) {
             Some(items) if !items.is_empty() => from_originals(m, items, &mut out),
-            _ => fresh(m, &mut out),
+            _ => fresh(m, &custom_calls, &mut out),
         }
     }
     out
@@ -81,13 +87,21 @@ fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
 }
 
 /// An item for a message that has no original: one the pipeline made.
-fn fresh(m: &Message, out: &mut Vec<Value>) {
+fn fresh(m: &Message, custom_calls: &HashSet<&str>, out: &mut Vec<Value>) {
     match m.role {
-        Role::Tool => out.push(json!({
-            "type": "function_call_output",
-            "call_id": m.tool_call_id.clone().unwrap_or_default(),
-            "output": m.content.clone().unwrap_or(Value::String(String::new())),
-        })),
+        Role::Tool => {
+            let call_id = m.tool_call_id.clone().unwrap_or_default();
+            let kind = if custom_calls.contains(call_id.as_str()) {
+                "custom_tool_call_output"
+            } else {
+                "function_call_output"
+            };
+            out.push(json!({
+                "type": kind,
+                "call_id": call_id,
+                "output": m.content.clone().unwrap_or(Value::String(String::new())),
+            }))
+        }
         _ => {
             if m.has_content() || !m.has_tool_calls() {
                 let mut item = Map::new();
@@ -99,12 +113,20 @@ fn fresh(m: &Message, out: &mut Vec<Value>) {
                 out.push(Value::Object(item));
             }
             for c in m.tool_calls() {
-                out.push(json!({
-                    "type": "function_call",
-                    "call_id": c.id,
-                    "name": c.name(),
-                    "arguments": c.arguments(),
-                }));
+                out.push(match c.custom {
+                    Some(_) => json!({
+                        "type": "custom_tool_call",
+                        "call_id": c.id,
+                        "name": c.name(),
+                        "input": c.arguments(),
+                    }),
+                    None => json!({
+                        "type": "function_call",
+                        "call_id": c.id,
+                        "name": c.name(),
+                        "arguments": c.arguments(),
+                    }),
+                });
             }
         }
     }

@@ -7,8 +7,11 @@
 //!   the item's `content` (a string or `input_text`/`output_text` parts) as content.
 //! - A run of consecutive `function_call` items becomes ONE assistant message with `tool_calls`
 //!   (the call id is the item's `call_id`), as chat has it, so windows and repair count a
-//!   parallel call turn the way they do for chat.
-//! - `function_call_output` becomes a `tool` message answering `call_id`.
+//!   parallel call turn the way they do for chat. A `custom_tool_call` (a custom tool's free-text
+//!   call) is a call like any other, as chat's custom calls are: filters, windows, the role's
+//!   scrub and repair treat it by its `name`.
+//! - `function_call_output` (or `custom_tool_call_output`) becomes a `tool` message answering
+//!   `call_id`.
 //! - `reasoning` items travel with the item that follows them: inside a run of calls they lead
 //!   the call after them and are dropped with it (see [`emit`]).
 //! - Every other item (`web_search_call`, `item_reference`, types not yet invented, …) becomes an
@@ -59,8 +62,8 @@ pub(crate) fn kind(item: &Value) -> Kind {
     let has = |key: &str| item.get(key).is_some_and(Value::is_string);
     match item.get("type").and_then(Value::as_str) {
         Some("message") | None if has("role") => Kind::Message,
-        Some("function_call") if has("call_id") => Kind::Call,
-        Some("function_call_output") if has("call_id") => Kind::Output,
+        Some("function_call" | "custom_tool_call") if has("call_id") => Kind::Call,
+        Some("function_call_output" | "custom_tool_call_output") if has("call_id") => Kind::Output,
         Some("reasoning") => Kind::Reasoning,
         _ => Kind::Opaque,
     }
@@ -358,6 +361,13 @@ fn call_run_end(kinds: &[Kind], mut i: usize) -> usize {
     i
 }
 
+/// Whether a call or output item is a custom tool's (`custom_tool_call[_output]`).
+pub(crate) fn is_custom(item: &Value) -> bool {
+    item.get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.starts_with("custom_tool_call"))
+}
+
 fn str_field(item: &Value, key: &str) -> String {
     item.get(key)
         .and_then(Value::as_str)
@@ -372,11 +382,12 @@ fn call_turn(items: &[Value]) -> Message {
         .enumerate()
         .filter(|(_, it)| kind(it) == Kind::Call)
         .map(|(k, it)| {
-            let mut call = ToolCall::function(
-                str_field(it, "call_id"),
-                str_field(it, "name"),
-                str_field(it, "arguments"),
-            );
+            let (id, name) = (str_field(it, "call_id"), str_field(it, "name"));
+            let mut call = if is_custom(it) {
+                ToolCall::custom(id, name, str_field(it, "input"))
+            } else {
+                ToolCall::function(id, name, str_field(it, "arguments"))
+            };
             call.extra.insert(CALL_ITEM_KEY.to_string(), Value::from(k));
             call
         })
