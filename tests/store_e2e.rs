@@ -274,7 +274,41 @@ async fn ten_tool_turns_in_server_mode_send_the_full_history_upstream(b: Backend
     assert_eq!(stored.len(), 41);
 }
 
+/// Numbers go upstream and into the store exactly as the client wrote them, also where they do
+/// not fit 64 bits (an id of 30 digits, a decimal of 25 digits): a proxy that rounded them would
+/// change what the client said (SPEC 4.2: "exactly as received"). An exponent beyond f64 is
+/// valid JSON and goes through (written `1e+400`: the same number) instead of being refused.
+async fn numbers_are_kept_exactly_as_written(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let numbers = r#""x_big":123456789012345678901234567890,"x_exact":0.1000000000000000000000001,"x_neg":-0.0"#;
+    let cases = [("chat/completions", "messages"), ("responses", "input")];
+    for (i, (path, field)) in cases.into_iter().enumerate() {
+        let body = format!(
+            r#"{{"model":"m","top_big":98765432109876543210987654321,"{field}":[{{"role":"user","content":"hi",{numbers},"x_exp":1e400}}]}}"#
+        );
+        let resp = client()
+            .post(format!("{}/{path}", proxy.base_url()))
+            .header("content-type", "application/json")
+            .header("x-session-id", format!("numbers-{i}"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let raw = String::from_utf8_lossy(&mock.requests()[i].body).into_owned();
+        assert!(raw.contains(numbers), "{path}: {raw}");
+        assert!(raw.contains("98765432109876543210987654321"), "{raw}");
+        assert!(raw.contains(r#""x_exp":1e+400"#), "{raw}");
+        let stored = proxy
+            .stored_messages("default", &format!("numbers-{i}"))
+            .await;
+        let stored = serde_json::to_string(&stored[0]).unwrap();
+        assert!(stored.contains(numbers), "{path}: {stored}");
+    }
+}
+
 on_both_backends!(
+    numbers_are_kept_exactly_as_written,
     ten_tool_turns_in_client_mode_store_every_message_once_in_order,
     ten_tool_turns_in_server_mode_send_the_full_history_upstream,
 );

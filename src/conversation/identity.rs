@@ -254,8 +254,24 @@ fn sorted(v: &Value, prune: bool) -> Value {
             )
         }
         Value::Array(items) => Value::Array(items.iter().map(|i| sorted(i, prune)).collect()),
+        Value::Number(n) => as_float(n)
+            .and_then(serde_json::Number::from_f64)
+            .map_or_else(|| v.clone(), Value::Number),
         other => other.clone(),
     }
+}
+
+/// A number as ids have always hashed it: a fraction, an exponent or an integer beyond 64 bits
+/// as the `f64` it is closest to (serde_json parsed numbers into `f64` before it was built with
+/// `arbitrary_precision`, which now keeps them as written for the store and the upstream), so
+/// `1.50` and `1.5` are one number and ids of stored messages do not change. `None` for 64-bit
+/// integers, written as they are, and for numbers beyond `f64` (`1e400`), which older versions
+/// refused and are hashed as written.
+fn as_float(n: &serde_json::Number) -> Option<f64> {
+    if n.is_u64() || n.is_i64() {
+        return None;
+    }
+    n.to_string().parse::<f64>().ok().filter(|f| f.is_finite())
 }
 
 /// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
@@ -324,6 +340,10 @@ impl Serialize for Sorted<'_> {
                 }
                 seq.end()
             }
+            Value::Number(n) => match as_float(n) {
+                Some(f) => s.serialize_f64(f),
+                None => n.serialize(s),
+            },
             other => other.serialize(s),
         }
     }
@@ -691,6 +711,34 @@ mod tests {
                 message_id(None, &m("{a:  1"))
             );
         }
+    }
+
+    /// Numbers are kept as written (`arbitrary_precision`), but ids hash them as the `f64` they
+    /// were parsed into before, so ids of stored messages are unchanged and one number written
+    /// two ways is one message, in a message's fields and in a call's arguments alike.
+    #[test]
+    fn numbers_are_hashed_as_before_whatever_their_spelling() {
+        let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        // An item type the proxy does not model is known by all its fields.
+        let plain =
+            parse(r#"{"type":"future_item","x":1.5,"y":100.0,"z":1.2345678901234568e29,"n":7}"#);
+        let spelled = parse(
+            r#"{"type":"future_item","x":1.50,"y":1e2,"z":123456789012345678901234567890,"n":7}"#,
+        );
+        assert_eq!(message_id(None, &plain), message_id(None, &spelled));
+        assert_eq!(canonical(&plain), canonical(&spelled));
+        let other =
+            parse(r#"{"type":"future_item","x":1.5,"y":100.0,"z":1.2345678901234568e29,"n":8}"#);
+        assert_ne!(message_id(None, &plain), message_id(None, &other));
+        let call =
+            |args: &str| json!({"type":"function_call","call_id":"c1","name":"f","arguments":args});
+        assert_eq!(
+            message_id(
+                None,
+                &call(r#"{"lat":35.50,"big":123456789012345678901234567890}"#)
+            ),
+            message_id(None, &call(r#"{"lat":35.5,"big":1.2345678901234568e29}"#))
+        );
     }
 
     #[test]
