@@ -46,7 +46,7 @@ fn parse_error<T: DeserializeOwned>(bytes: &[u8]) -> Error {
     if inner.is_syntax() || inner.is_eof() {
         return syntax_error(Some(inner));
     }
-    let message = inner.to_string();
+    let message = without_type_names(&inner.to_string());
     // serde reports a missing field at its parent; name the field itself.
     let param = match missing_field(&message) {
         Some(field) if path == "." => Some(field.to_string()),
@@ -67,6 +67,16 @@ fn syntax_error(inner: Option<serde_json::Error>) -> Error {
         format!("We could not parse the JSON body of your request{detail}"),
         None,
     )
+}
+
+/// serde's message with the proxy's own type names (`expected struct ChatRequest`) said as the
+/// JSON the client must send (`expected an object`): the names mean nothing to a client.
+fn without_type_names(message: &str) -> String {
+    let Some((head, tail)) = message.split_once("expected struct ") else {
+        return message.to_string();
+    };
+    let rest = tail.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_');
+    format!("{head}expected an object{rest}")
 }
 
 fn missing_field(message: &str) -> Option<&str> {
@@ -95,6 +105,23 @@ mod tests {
     fn wrong_type_names_the_field_path() {
         let p = param_of(r#"{"model":"m","messages":[{"role":"user","tool_calls":5}]}"#);
         assert_eq!(p.as_deref(), Some("messages[0].tool_calls"));
+    }
+
+    #[test]
+    fn the_proxy_s_type_names_are_not_in_messages() {
+        for (body, param) in [
+            ("[1]", None),
+            (r#"{"model":"m","messages":["hi"]}"#, Some("messages[0]")),
+        ] {
+            match parse_json::<ChatRequest>(body.as_bytes()) {
+                Err(Error::InvalidRequest { message, param: p }) => {
+                    assert!(message.contains("expected an object"), "{message}");
+                    assert!(!message.contains("struct"), "{message}");
+                    assert_eq!(p.as_deref(), param);
+                }
+                other => panic!("expected invalid request, got {other:?}"),
+            }
+        }
     }
 
     #[test]

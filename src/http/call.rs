@@ -83,6 +83,25 @@ impl Call {
         }
     }
 
+    /// A chat request's `metadata.session_id` is the proxy's to read, and OpenAI refuses any
+    /// `metadata` on a chat completion that is not stored (`"store": true`): without `store`, the
+    /// key is taken out before forwarding, and `metadata` with it when nothing else is left.
+    /// With `store`, the client asked OpenAI to keep the metadata, and it goes as sent.
+    pub fn drop_session_metadata(&mut self) {
+        let Call::Chat(r) = self else {
+            return;
+        };
+        if r.extra.get("store").and_then(Value::as_bool) == Some(true) {
+            return;
+        }
+        let Some(Value::Object(metadata)) = &mut r.metadata else {
+            return;
+        };
+        if metadata.shift_remove("session_id").is_some() && metadata.is_empty() {
+            r.metadata = None;
+        }
+    }
+
     /// The Responses request's `instructions` (counted as its system message).
     pub fn instructions(&self) -> Option<&Value> {
         match self {

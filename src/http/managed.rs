@@ -261,6 +261,13 @@ async fn prepare(
         wire: incoming,
         typed,
     } = call.take_conversation()?;
+    if incoming.is_empty() && typed.is_some() && mode == HistoryMode::Client {
+        // Nothing to store or send (OpenAI refuses it too): refused before a session is made.
+        return Err(Error::invalid(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            Some("messages".to_string()),
+        ));
+    }
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     let previous = match call.previous_response_id() {
         Some(id) => {
@@ -302,6 +309,7 @@ async fn prepare(
     if resolved.anchor.is_some() {
         call.clear_previous_response_id();
     }
+    call.drop_session_metadata();
     let target = session::turn::Target {
         tenant: &tenant.name,
         session: &resolved.id,

@@ -58,6 +58,7 @@ pub fn check_chat(r: &ChatRequest) -> Result<()> {
             }
         }
     }
+    check_tools(r.tools.as_deref())?;
     check_tool_choice(r.tool_choice.as_ref())?;
     check_metadata(r.metadata.as_ref())
 }
@@ -73,6 +74,7 @@ pub fn check_responses(r: &ResponsesRequest) -> Result<()> {
                     return Err(wrong(format!("input[{i}]"), "an object", item));
                 };
                 check_call_id(i, fields)?;
+                check_item_fields(i, fields)?;
             }
         }
         v => {
@@ -83,8 +85,60 @@ pub fn check_responses(r: &ResponsesRequest) -> Result<()> {
         None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
         Some(v) => return Err(wrong("instructions".into(), "a string", v)),
     }
+    check_tools(r.tools.as_deref())?;
     check_tool_choice(r.extra.get("tool_choice"))?;
     check_metadata(r.metadata.as_ref())
+}
+
+/// `tools`: each one an object (a tool names itself by its fields).
+fn check_tools(tools: Option<&[Value]>) -> Result<()> {
+    for (i, tool) in tools.unwrap_or_default().iter().enumerate() {
+        if !tool.is_object() {
+            return Err(wrong(format!("tools[{i}]"), "an object", tool));
+        }
+    }
+    Ok(())
+}
+
+/// The fields of an input item that the proxy reads, as chat checks its messages': a message
+/// item's `role` (required) and `content`, a call's `name` and `arguments` (or a custom call's
+/// `input`), an output's `output`.
+fn check_item_fields(i: usize, item: &Map<String, Value>) -> Result<()> {
+    let field = |key: &str, expected: &str, ok: fn(&Value) -> bool| match item.get(key) {
+        Some(v) if !ok(v) => Err(wrong(format!("input[{i}].{key}"), expected, v)),
+        _ => Ok(()),
+    };
+    let text_or_parts = |v: &Value| v.is_string() || v.is_array();
+    match item.get("type").and_then(Value::as_str) {
+        None | Some("message") => {
+            if item.get("role").is_none() {
+                return Err(Error::invalid(
+                    format!("Missing required parameter: 'input[{i}].role'"),
+                    Some(format!("input[{i}].role")),
+                ));
+            }
+            field("role", "a string", Value::is_string)?;
+            field(
+                "content",
+                "a string or an array of content parts",
+                text_or_parts,
+            )
+        }
+        Some("function_call") => {
+            field("name", "a string", Value::is_string)?;
+            field("arguments", "a string", Value::is_string)
+        }
+        Some("custom_tool_call") => {
+            field("name", "a string", Value::is_string)?;
+            field("input", "a string", Value::is_string)
+        }
+        Some("function_call_output" | "custom_tool_call_output") => field(
+            "output",
+            "a string or an array of content parts",
+            text_or_parts,
+        ),
+        Some(_) => Ok(()),
+    }
 }
 
 /// A call or call-output item (`function_call[_output]`, `custom_tool_call[_output]`) names its
@@ -204,6 +258,42 @@ mod tests {
         assert_eq!(
             param(responses(json!({"model": "m", "input": [output]}))),
             "input[0].call_id"
+        );
+        for (item, expected) in [
+            (json!({"role": "user", "content": 5}), "input[0].content"),
+            (json!({"type": "message", "content": "x"}), "input[0].role"),
+            (json!({"role": 1, "content": "x"}), "input[0].role"),
+            (
+                json!({"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}),
+                "input[0].arguments",
+            ),
+            (
+                json!({"type": "function_call_output", "call_id": "c", "output": 5}),
+                "input[0].output",
+            ),
+            (
+                json!({"type": "custom_tool_call", "call_id": "c", "name": "p", "input": 5}),
+                "input[0].input",
+            ),
+        ] {
+            assert_eq!(
+                param(responses(json!({"model": "m", "input": [item]}))),
+                expected,
+                "{item}"
+            );
+        }
+        assert_eq!(
+            param(responses(
+                json!({"model": "m", "input": "x", "tools": ["a"]})
+            )),
+            "tools[0]"
+        );
+        let user = json!({"role": "user", "content": "q"});
+        assert_eq!(
+            param(chat(
+                json!({"model": "m", "messages": [user], "tools": [{}, 5]})
+            )),
+            "tools[1]"
         );
         let custom = json!({"type": "custom_tool_call", "name": "p", "input": "x"});
         assert_eq!(

@@ -349,8 +349,15 @@ impl StreamAccumulator {
         if let Some(resp) = self.completed
             && let Some(output) = resp.get("output").and_then(Value::as_array)
         {
+            // A `response.completed` whose `output` is empty after items were done (a server
+            // that sends the output only as items) does not unsay them.
+            let messages = if output.is_empty() && !self.items.is_empty() {
+                self.items.into_values().collect()
+            } else {
+                output.clone()
+            };
             return Reply {
-                messages: output.clone(),
+                messages,
                 choices: Vec::new(),
                 usage: resp.get("usage").filter(|u| !u.is_null()).cloned(),
                 id: resp
@@ -522,6 +529,24 @@ mod tests {
         let reply = acc.finish().reply;
         assert_eq!(reply.messages, out.as_array().cloned().unwrap());
         assert_eq!(reply.id.as_deref(), Some("resp_1"));
+    }
+
+    /// A `response.completed` with an empty `output` after `output_item.done` events keeps the
+    /// items that were done, with the completed event's id and usage.
+    #[test]
+    fn an_empty_completed_output_keeps_the_items_done() {
+        let item = json!({"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"hi"}]});
+        let body = format!(
+            "event: response.output_item.done\ndata: {}\n\nevent: response.completed\ndata: {}\n\n",
+            json!({"type":"response.output_item.done","output_index":0,"item":item}),
+            json!({"type":"response.completed","response":{"id":"resp_2","output":[],"usage":{"input_tokens":3}}})
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Responses);
+        acc.feed(body.as_bytes());
+        let reply = acc.finish().reply;
+        assert_eq!(reply.messages, [item]);
+        assert_eq!(reply.id.as_deref(), Some("resp_2"));
+        assert_eq!(reply.usage, Some(json!({"input_tokens":3})));
     }
 
     #[test]

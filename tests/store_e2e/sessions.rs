@@ -159,7 +159,62 @@ async fn edited_turn_makes_a_branch_and_both_stay_retrievable(b: Backend) {
     );
 }
 
+/// `metadata.session_id` names the session; the upstream does not get the key unless the client
+/// asked OpenAI to store the completion (OpenAI refuses `metadata` on a chat completion without
+/// `store`). Other metadata keys stay.
+async fn metadata_session_id_names_the_session_and_is_not_forwarded_unless_stored(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let cases = [
+        (serde_json::json!({"session_id": "meta-1"}), None, None),
+        (
+            serde_json::json!({"session_id": "meta-2", "team": "ai"}),
+            None,
+            Some(serde_json::json!({"team": "ai"})),
+        ),
+        (
+            serde_json::json!({"session_id": "meta-3"}),
+            Some(true),
+            Some(serde_json::json!({"session_id": "meta-3"})),
+        ),
+    ];
+    for (i, (metadata, store, sent_metadata)) in cases.into_iter().enumerate() {
+        let mut body = request(&[user("hi")]);
+        body["metadata"] = metadata.clone();
+        if let Some(store) = store {
+            body["store"] = Value::Bool(store);
+        }
+        let answered = chat(&base, "sk-a", &[], &body).await;
+        assert_eq!(answered.status, 200, "{}", answered.body);
+        assert_eq!(answered.session.as_deref(), metadata["session_id"].as_str());
+        let sent = mock.requests()[i].body_json().unwrap();
+        assert_eq!(sent.get("metadata"), sent_metadata.as_ref(), "{sent}");
+        let session = metadata["session_id"].as_str().unwrap();
+        assert_eq!(proxy.stored_messages("default", session).await.len(), 2);
+    }
+}
+
+/// A chat request with no messages is a 400 naming `messages`, before a session is made.
+async fn a_chat_request_without_messages_is_refused_and_stores_nothing(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let answered = chat(
+        &proxy.base_url(),
+        "sk-a",
+        &[("x-session-id", "empty")],
+        &request(&[]),
+    )
+    .await;
+    assert_eq!(answered.status, 400, "{}", answered.body);
+    let error = assert_openai_error(&answered.body);
+    assert_eq!(error["param"], "messages");
+    assert!(mock.requests().is_empty());
+    let (status, _) = proxy.admin_get("/ctxproxy/v1/sessions/default/empty").await;
+    assert_eq!(status, 404, "no session was made");
+}
+
 on_both_backends!(
+    metadata_session_id_names_the_session_and_is_not_forwarded_unless_stored,
+    a_chat_request_without_messages_is_refused_and_stores_nothing,
     auto_mode_separates_conversations_and_finds_a_continued_one,
     tenants_sharing_a_session_id_never_see_each_other,
     edited_turn_makes_a_branch_and_both_stay_retrievable,
