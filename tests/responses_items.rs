@@ -580,3 +580,51 @@ fn an_unanswered_custom_call_gets_a_custom_output_placeholder() {
     check_items(&dropped).unwrap();
     assert!(!dropped.iter().any(|i| i["call_id"] == "p1"));
 }
+
+/// An item the proxy does not model is counted by the text it sends the model (SPEC 5.1), not
+/// as an empty message: a long web search query or MCP output weighs in the tokens, the budget
+/// and the context window check. Its ids, status and encrypted content do not count, and the
+/// items still go out exactly as received.
+#[test]
+fn an_unmodelled_item_is_counted_by_the_text_it_carries() {
+    let query = "kyoto temples open late in november ".repeat(40);
+    let items = |query: &str| {
+        vec![
+            json!({"role": "user", "content": "find temples"}),
+            json!({"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": query}}),
+            json!({"type": "mcp_call", "id": "mcp_1", "name": "lookup", "arguments": "{\"q\":1}", "output": "three temples", "server_label": "maps"}),
+            json!({"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAA".repeat(50)}),
+            json!({"role": "user", "content": "which one?"}),
+        ]
+    };
+    let long = items(&query);
+    let conv = ItemMessages::new(None, &long);
+    let search = conv.messages[1].text_content();
+    assert!(search.contains("kyoto temples"), "{search}");
+    assert!(
+        !search.contains("ws_1") && !search.contains("completed"),
+        "{search}"
+    );
+    assert_eq!(
+        conv.messages[2].text_content(),
+        "lookup\n{\"q\":1}\nthree temples\nmaps"
+    );
+    assert!(
+        conv.messages
+            .iter()
+            .all(|m| !m.text_content().contains("gAAAA")),
+        "reasoning's encrypted content is not text"
+    );
+    let out = rewrite(&conv, json!({}));
+    assert_eq!(to_items(&out.messages), long);
+
+    let short = items("kyoto");
+    let short_tokens = rewrite(&ItemMessages::new(None, &short), json!({}))
+        .report
+        .tokens_in;
+    assert!(
+        out.report.tokens_in > short_tokens + 200,
+        "{} vs {short_tokens}",
+        out.report.tokens_in
+    );
+}

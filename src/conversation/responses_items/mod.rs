@@ -423,6 +423,48 @@ fn opaque(items: &[Value]) -> Message {
         .and_then(Value::as_str)
         .unwrap_or("unknown");
     let mut m = Message::text(Role::Other(format!("item:{kind}")), "");
-    m.content = None;
+    m.content = (kind != "reasoning")
+        .then(|| item_text(main))
+        .filter(|text| !text.is_empty())
+        .map(Value::String);
     with_originals(m, items)
+}
+
+/// The text an item the proxy does not model sends the model (a `web_search_call`'s query, an
+/// `mcp_call`'s arguments and output, a `file_search_call`'s results), as the content of its
+/// message: so that it is counted in the tokens (SPEC 5.1: the text of the message) and the
+/// budget and the context window check see it, and a summary reads it. Every string at any depth
+/// but names and markers (`id`, `type`, `status`, `call_id`), `encrypted_content` (opaque to the
+/// model's input) and an image generation's base64 `result`. The item itself is always sent as
+/// received: this text is never emitted. A trailing `reasoning` item keeps no text, as OpenAI
+/// does not send earlier turns' reasoning to the model.
+fn item_text(item: &Value) -> String {
+    fn walk(v: &Value, out: &mut String) {
+        match v {
+            Value::String(s) => {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(s);
+            }
+            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Object(fields) => {
+                let image =
+                    fields.get("type").and_then(Value::as_str) == Some("image_generation_call");
+                for (key, v) in fields {
+                    let skip = matches!(
+                        key.as_str(),
+                        "id" | "type" | "status" | "call_id" | "encrypted_content"
+                    ) || (image && key == "result");
+                    if !skip {
+                        walk(v, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = String::new();
+    walk(item, &mut out);
+    out
 }
