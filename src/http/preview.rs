@@ -87,8 +87,8 @@ async fn preview(
         None => false,
     };
     let (messages, ids, typed) = if known {
-        if previous.is_some() {
-            call.clear_previous_response_id();
+        if let Some(p) = &previous {
+            call.set_previous_response_id(p.upstream_root.clone());
         }
         let assembled = session::assemble(
             state.store.as_ref(),
