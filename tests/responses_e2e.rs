@@ -325,6 +325,39 @@ async fn chain_from_an_upstream_response_keeps_its_root_on_postgres() {
     chain_from_an_upstream_response_keeps_its_root(opts).await;
 }
 
+/// A response of another session than the one the header names is not resolved: its id goes
+/// upstream as it came, with the items as received, and the preview shows the same.
+#[tokio::test]
+async fn previous_response_of_another_session_is_forwarded_and_previewed_alike() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, _) = respond(&proxy, &json!({"model": "m", "input": "hello"})).await;
+    let (_, other) = respond(&proxy, &json!({"model": "m", "input": "elsewhere"})).await;
+    let input =
+        json!([{"type": "function_call_output", "call_id": "call_upstream_only", "output": "42"}]);
+    let body = json!({"model": "m", "input": input, "previous_response_id": first["id"]});
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .header("x-session-id", &other)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let previewed: Value = resp.json().await.unwrap();
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-session-id", &other)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-ctxproxy-session"], other.as_str());
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], first["id"]);
+    assert_eq!(sent["input"], input);
+    assert_eq!(previewed["input"], sent["input"]);
+}
+
 #[tokio::test]
 async fn tool_access_reads_responses_tools_and_items() {
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [lookup]\n  default_role: viewer\n  scrub_history: true\n";
