@@ -237,6 +237,127 @@ async fn unknown_previous_response_id_is_forwarded_and_stored_in_a_new_session()
     assert_eq!(kept.len(), 2, "the output and the reply");
 }
 
+/// The audit's case (SPEC 7): a chain the proxy stores, begun from a response only the upstream
+/// holds, keeps that root. Each continuation sends the root as `previous_response_id` with every
+/// stored item after it, as stored (a rewrite would be blind: repair would drop the output of a
+/// call only the upstream knows); the preview shows what the real call sends.
+async fn chain_from_an_upstream_response_keeps_its_root(opts: ProxyOptions) {
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let root = "resp_unknown_zz";
+    let x =
+        json!({"type": "function_call_output", "call_id": "call_upstream_only", "output": "42"});
+    let (first, session) = respond(
+        &proxy,
+        &json!({"model": "gpt-4o", "input": [x], "previous_response_id": root}),
+    )
+    .await;
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], root);
+
+    let y = json!({"role": "user", "content": "y"});
+    let (second, again) = respond(
+        &proxy,
+        &json!({"model": "gpt-4o", "input": [y], "previous_response_id": first["id"]}),
+    )
+    .await;
+    assert_eq!(again, session, "the session of the known response");
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], root, "{sent}");
+    let mut expected = vec![x];
+    expected.extend(output(&first));
+    expected.push(y);
+    assert_eq!(sent["input"], Value::Array(expected.clone()));
+
+    // Streamed, a turn further: the reply of a rooted request is rooted too.
+    let z = json!({"role": "user", "content": "z"});
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "gpt-4o", "input": [z], "stream": true, "previous_response_id": second["id"]}))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], root);
+    expected.extend(output(&second));
+    expected.push(z);
+    assert_eq!(sent["input"], Value::Array(expected.clone()));
+    let completed = sse_data(&text)
+        .into_iter()
+        .filter_map(|d| serde_json::from_str::<Value>(&d).ok())
+        .find(|e| e["type"] == "response.completed")
+        .expect("a completed event");
+    let third = &completed["response"];
+
+    // Everything is stored, on one branch of the one session.
+    expected.extend(output(third));
+    assert_eq!(stored(&proxy, &session).await, expected);
+    let (_, detail) = proxy
+        .admin_get(&format!("/ctxproxy/v1/sessions/default/{session}"))
+        .await;
+    assert_eq!(detail["branches"].as_array().unwrap().len(), 1, "{detail}");
+
+    // The preview agrees with the real call.
+    let next = json!({"model": "gpt-4o", "input": "w", "previous_response_id": third["id"]});
+    let (status, previewed) = preview(&proxy, "sk-test", &next).await;
+    assert_eq!(status, 200, "{previewed}");
+    respond(&proxy, &next).await;
+    let sent = mock.requests()[3].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], root);
+    assert_eq!(previewed["input"], sent["input"]);
+    assert_eq!(sent["input"].as_array().unwrap().len(), expected.len() + 1);
+}
+
+#[tokio::test]
+async fn chain_from_an_upstream_response_keeps_its_root_on_sqlite() {
+    chain_from_an_upstream_response_keeps_its_root(ProxyOptions::default()).await;
+}
+
+#[tokio::test]
+async fn chain_from_an_upstream_response_keeps_its_root_on_postgres() {
+    let Some(db) = common::pg::PgTestDb::create().await else {
+        return;
+    };
+    let opts = ProxyOptions {
+        database_url: Some(db.url.clone()),
+        ..ProxyOptions::default()
+    };
+    chain_from_an_upstream_response_keeps_its_root(opts).await;
+}
+
+/// A response of another session than the one the header names is not resolved: its id goes
+/// upstream as it came, with the items as received, and the preview shows the same.
+#[tokio::test]
+async fn previous_response_of_another_session_is_forwarded_and_previewed_alike() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, _) = respond(&proxy, &json!({"model": "m", "input": "hello"})).await;
+    let (_, other) = respond(&proxy, &json!({"model": "m", "input": "elsewhere"})).await;
+    let input =
+        json!([{"type": "function_call_output", "call_id": "call_upstream_only", "output": "42"}]);
+    let body = json!({"model": "m", "input": input, "previous_response_id": first["id"]});
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .header("x-session-id", &other)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let previewed: Value = resp.json().await.unwrap();
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-session-id", &other)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-ctxproxy-session"], other.as_str());
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], first["id"]);
+    assert_eq!(sent["input"], input);
+    assert_eq!(previewed["input"], sent["input"]);
+}
+
 #[tokio::test]
 async fn tool_access_reads_responses_tools_and_items() {
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [lookup]\n  default_role: viewer\n  scrub_history: true\n";

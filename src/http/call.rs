@@ -76,10 +76,12 @@ impl Call {
         }
     }
 
-    /// The upstream's own state is not used once the proxy resolved the id itself.
-    pub fn clear_previous_response_id(&mut self) {
+    /// Once the proxy resolved the id itself, the upstream's own state is not used: the id is
+    /// replaced by the root of the stored chain, a response only the upstream holds, if it has
+    /// one (SPEC 7), else dropped.
+    pub fn set_previous_response_id(&mut self, id: Option<String>) {
         if let Call::Responses(r) = self {
-            r.previous_response_id = None;
+            r.previous_response_id = id;
         }
     }
 

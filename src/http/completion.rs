@@ -37,6 +37,10 @@ pub struct Completion {
     pub allowed: Option<Arc<Allowed>>,
     /// A summary job planned by the request, started once the answer is stored.
     pub summary_job: Option<crate::summarize::Job>,
+    /// The `previous_response_id` the request goes upstream with (unknown to the proxy, or the
+    /// root of the chain it continues): recorded with the reply's id, so that continuing the
+    /// reply keeps sending it (SPEC 7).
+    pub upstream_root: Option<String>,
 }
 
 impl Completion {
@@ -141,6 +145,7 @@ impl Completion {
                 messages: new,
             }),
             response_id,
+            upstream_root: self.upstream_root.take(),
             record,
             lease: self.lock.take().and_then(SessionLock::into_lease),
             awaited,

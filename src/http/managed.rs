@@ -272,10 +272,7 @@ async fn prepare(
     let previous = match call.previous_response_id() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
-            store
-                .find_response(&tenant.name, id)
-                .await?
-                .map(|r| (r.session, r.message))
+            store.find_response(&tenant.name, id).await?
         }
         None => None,
     };
@@ -299,7 +296,7 @@ async fn prepare(
         session::resolve::Hints {
             headers,
             metadata_session_id: call.metadata_session_id(),
-            previous_response: previous,
+            previous_response: previous.as_ref().map(|r| (r.session.clone(), r.message)),
             scope: &scope,
             ids: lookup_ids,
         },
@@ -307,7 +304,9 @@ async fn prepare(
     .await?;
     log.session = Some(resolved.id.clone());
     if resolved.anchor.is_some() {
-        call.clear_previous_response_id();
+        // The stored chain is sent whole, after the upstream-held response it began from (if
+        // any): dropping that one would silently lose what only the upstream knows.
+        call.set_previous_response_id(previous.and_then(|r| r.upstream_root));
     }
     call.drop_session_metadata();
     let target = session::turn::Target {
@@ -391,6 +390,7 @@ async fn prepare(
         started: log.started,
         allowed: (!tenant.file.tools.roles.is_empty()).then(|| cut.allowed.clone()),
         summary_job: None,
+        upstream_root: call.previous_response_id().map(str::to_string),
     };
     let rewritten = match rewritten {
         Ok(r) => r,

@@ -67,13 +67,16 @@ async fn preview(
         None => call.metadata_session_id(),
     }
     .map(str::to_string);
+    // As in the real call, a response of another session than the one named is not resolved:
+    // its id goes upstream as it came.
     let previous = match call.previous_response_id() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
             state.store.find_response(&tenant.name, id).await?
         }
         None => None,
-    };
+    }
+    .filter(|p| named.as_ref().is_none_or(|n| *n == p.session));
     let session_id = match (&named, &previous) {
         (Some(id), _) => Some(id.clone()),
         (None, Some(p)) => Some(p.session.clone()),
@@ -87,8 +90,8 @@ async fn preview(
         None => false,
     };
     let (messages, ids, typed) = if known {
-        if previous.is_some() {
-            call.clear_previous_response_id();
+        if let Some(p) = &previous {
+            call.set_previous_response_id(p.upstream_root.clone());
         }
         let assembled = session::assemble(
             state.store.as_ref(),

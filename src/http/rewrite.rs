@@ -168,9 +168,10 @@ pub async fn rewrite(
             check_current_turn(&conv.messages, allowed)?;
             let item_ids = conv.ids(ids);
             if call.previous_response_id().is_some() {
-                // An id the proxy does not know: the upstream holds history the proxy never
-                // saw, so a rewrite would be blind (repair would drop the results of calls only
-                // the upstream knows). The items go as received; only the tokens are reported.
+                // An id the proxy does not know, or the upstream-held root of a stored chain:
+                // the upstream holds history the proxy never saw, so a rewrite would be blind
+                // (repair would drop the results of calls only the upstream knows). The items
+                // go as received or stored; only the tokens are reported.
                 let tokens = |tools| {
                     state
                         .tokens

@@ -36,6 +36,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "usage in request records",
         sql: include_str!("../../migrations/sqlite/0003_request_usage.sql"),
     },
+    Migration {
+        version: 4,
+        description: "upstream root of a response id",
+        sql: include_str!("../../migrations/sqlite/0004_response_upstream_root.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -54,6 +59,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 3,
         description: "usage in request records",
         sql: include_str!("../../migrations/postgres/0003_request_usage.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "upstream root of a response id",
+        sql: include_str!("../../migrations/postgres/0004_response_upstream_root.sql"),
     },
 ];
 

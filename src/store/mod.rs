@@ -236,14 +236,16 @@ pub trait Store: Send + Sync {
     /// Releases the summary lease if this owner still holds it.
     async fn unlock_summary(&self, lease: &Lease) -> Result<()>;
 
-    /// Records that Responses API `response_id` ended with `message` as head of `session`
-    /// (replacing an earlier record of the same id).
+    /// Records that Responses API `response_id` ended with `message` as head of `session`, its
+    /// request forwarded with `upstream_root` as `previous_response_id` (see
+    /// [`ResponseRef::upstream_root`]); replaces an earlier record of the same id.
     async fn record_response(
         &self,
         tenant: &str,
         response_id: &str,
         session: &str,
         message: MessageId,
+        upstream_root: Option<&str>,
     ) -> Result<()>;
 
     /// Looks a response id up within the tenant.

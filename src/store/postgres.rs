@@ -417,23 +417,34 @@ impl Store for PostgresStore {
         response_id: &str,
         session: &str,
         message: MessageId,
+        upstream_root: Option<&str>,
     ) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
-        records::record_response(&mut conn, tenant, response_id, session, message).await
+        records::record_response(
+            &mut conn,
+            tenant,
+            response_id,
+            session,
+            message,
+            upstream_root,
+        )
+        .await
     }
 
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {
-        let row: Option<(String, Vec<u8>)> = sqlx::query_as(
-            "SELECT session_id, message_id FROM responses WHERE tenant = $1 AND response_id = $2",
+        let row: Option<(String, Vec<u8>, Option<String>)> = sqlx::query_as(
+            "SELECT session_id, message_id, upstream_root FROM responses \
+             WHERE tenant = $1 AND response_id = $2",
         )
         .bind(tenant)
         .bind(response_id)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(session, id)| {
+        row.map(|(session, id, upstream_root)| {
             Ok(ResponseRef {
                 session,
                 message: id_from_bytes(&id)?,
+                upstream_root,
             })
         })
         .transpose()

@@ -540,12 +540,14 @@ impl Store for SqliteStore {
         response_id: &str,
         session: &str,
         message: MessageId,
+        upstream_root: Option<&str>,
     ) -> Result<()> {
         let (tenant, session) = owned(tenant, session);
-        let response_id = response_id.to_string();
+        let (response_id, root) = (response_id.to_string(), upstream_root.map(str::to_string));
         self.threads
             .write(move |conn| {
-                records::record_response(conn, &tenant, &response_id, &session, message)
+                let root = root.as_deref();
+                records::record_response(conn, &tenant, &response_id, &session, message, root)
             })
             .await
     }
@@ -554,19 +556,20 @@ impl Store for SqliteStore {
         let (tenant, response_id) = owned(tenant, response_id);
         self.threads
             .read(move |conn| {
-                let row: Option<(String, Vec<u8>)> = conn
+                let row: Option<(String, Vec<u8>, Option<String>)> = conn
                     .prepare_cached(
-                        "SELECT session_id, message_id FROM responses \
+                        "SELECT session_id, message_id, upstream_root FROM responses \
                          WHERE tenant = ? AND response_id = ?",
                     )?
                     .query_row(params![tenant, response_id], |row| {
-                        Ok((row.get(0)?, row.get(1)?))
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
                     })
                     .optional()?;
-                row.map(|(session, id)| {
+                row.map(|(session, id, upstream_root)| {
                     Ok(ResponseRef {
                         session,
                         message: id_from_bytes(&id)?,
+                        upstream_root,
                     })
                 })
                 .transpose()

@@ -52,6 +52,8 @@ pub struct TurnClose {
     pub reply: Option<Append>,
     /// A Responses API id, recorded as ending on the head after the reply.
     pub response_id: Option<String>,
+    /// The `previous_response_id` the request was forwarded with, recorded with `response_id`.
+    pub upstream_root: Option<String>,
     /// Its `head` is replaced by the reply's last message when the reply is stored.
     pub record: NewRequestRecord,
     /// Released last.
@@ -110,6 +112,7 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
     let TurnClose {
         reply,
         response_id,
+        upstream_root,
         mut record,
         lease,
         awaited: _,
@@ -130,7 +133,13 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
         }
         if let (Some(id), Some(head)) = (&response_id, record.head)
             && let Err(e) = store
-                .record_response(&record.tenant, id, &record.session, head)
+                .record_response(
+                    &record.tenant,
+                    id,
+                    &record.session,
+                    head,
+                    upstream_root.as_deref(),
+                )
                 .await
         {
             failures.push(("record the response id", e));

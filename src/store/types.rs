@@ -232,6 +232,9 @@ pub struct ResponseRef {
     pub session: String,
     /// The head after the reply was stored.
     pub message: MessageId,
+    /// The `previous_response_id` the request was forwarded with: a response the upstream holds
+    /// and the proxy does not (or not in this session). `None`: the proxy sent the whole chain.
+    pub upstream_root: Option<String>,
 }
 
 /// A page request for the admin session list.

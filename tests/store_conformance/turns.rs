@@ -85,6 +85,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
         .close_turn(TurnClose {
             reply: Some(reply),
             response_id: Some("resp_turn".into()),
+            upstream_root: Some("resp_upstream_only".into()),
             record: record("turn", last),
             lease: Some(opened.lease),
             awaited: false,
@@ -104,6 +105,11 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
     );
     let found = s.find_response("t", "resp_turn").await.unwrap().unwrap();
     assert_eq!((found.session.as_str(), found.message), ("turn", reply_id));
+    assert_eq!(
+        found.upstream_root.as_deref(),
+        Some("resp_upstream_only"),
+        "the id the request was forwarded with is kept with the response id"
+    );
     assert!(lease_is_free(s, "turn").await, "closing released the lease");
 
     // The next turn resends everything: only the new message is stored, and the session keeps
@@ -194,6 +200,7 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
         .close_turn(TurnClose {
             reply: Some(reply),
             response_id: None,
+            upstream_root: None,
             record: record("partial", last),
             lease: Some(opened.lease),
             awaited: true,

@@ -82,18 +82,21 @@ pub(super) async fn record_response(
     response_id: &str,
     session: &str,
     message: MessageId,
+    upstream_root: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+        "INSERT INTO responses \
+         (tenant, response_id, session_id, message_id, created_at, upstream_root) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, response_id) DO UPDATE SET \
          session_id = EXCLUDED.session_id, message_id = EXCLUDED.message_id, \
-         created_at = EXCLUDED.created_at",
+         created_at = EXCLUDED.created_at, upstream_root = EXCLUDED.upstream_root",
     )
     .bind(tenant)
     .bind(response_id)
     .bind(session)
     .bind(message.0.to_vec())
     .bind(Timestamp::now().millis())
+    .bind(upstream_root)
     .execute(&mut *conn)
     .await?;
     Ok(())

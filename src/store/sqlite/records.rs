@@ -79,19 +79,22 @@ pub(super) fn record_response(
     response_id: &str,
     session: &str,
     message: MessageId,
+    upstream_root: Option<&str>,
 ) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO responses (tenant, response_id, session_id, message_id, created_at) \
-         VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+        "INSERT INTO responses \
+         (tenant, response_id, session_id, message_id, created_at, upstream_root) \
+         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
          session_id = excluded.session_id, message_id = excluded.message_id, \
-         created_at = excluded.created_at",
+         created_at = excluded.created_at, upstream_root = excluded.upstream_root",
     )?
     .execute(params![
         tenant,
         response_id,
         session,
         message.0,
-        Timestamp::now().millis()
+        Timestamp::now().millis(),
+        upstream_root
     ])?;
     Ok(())
 }

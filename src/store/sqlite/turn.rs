@@ -84,6 +84,7 @@ fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
     let TurnClose {
         reply,
         response_id,
+        upstream_root,
         mut record,
         lease,
         awaited: _,
@@ -105,7 +106,8 @@ fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
         }
         if let (Some(id), Some(head)) = (&response_id, record.head)
             && let Err(e) = part(conn, || {
-                records::record_response(conn, &record.tenant, id, &record.session, head)
+                let root = upstream_root.as_deref();
+                records::record_response(conn, &record.tenant, id, &record.session, head, root)
             })
         {
             failures.push(("record the response id", e));
