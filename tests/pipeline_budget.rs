@@ -5,7 +5,7 @@ mod support;
 
 use ctxproxy::Error;
 use ctxproxy::context::{
-    PipelineInput, Policy, RemoveReason, Report, StoredSummary, plan_summary, run,
+    Entry, PipelineInput, Policy, RemoveReason, Report, StoredSummary, plan_summary, run,
 };
 use ctxproxy::conversation::{Message, Role, chain_ids};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -221,18 +221,12 @@ fn summary_policy(
 fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
     let msgs = weather();
     let tokens = counts(&msgs);
+    let entries = Entry::given(&msgs, &tokens);
     let history_end = current_turn_start(&msgs);
     let history: u64 = tokens[1..history_end].iter().sum();
-    assert!(plan_summary(&summary_policy(history, 100, 4), &msgs, &tokens, None, 0).is_none());
-    assert!(plan_summary(&summary_policy(10, 100, 100), &msgs, &tokens, None, 0).is_none());
-    let plan = plan_summary(
-        &summary_policy(history - 1, 100, 4),
-        &msgs,
-        &tokens,
-        None,
-        0,
-    )
-    .unwrap();
+    assert!(plan_summary(&summary_policy(history, 100, 4), &entries, None, 0).is_none());
+    assert!(plan_summary(&summary_policy(10, 100, 100), &entries, None, 0).is_none());
+    let plan = plan_summary(&summary_policy(history - 1, 100, 4), &entries, None, 0).unwrap();
     assert_eq!(plan.from, 1);
     assert_eq!(plan.history_tokens, history);
     let rest: u64 = tokens[plan.until + 1..history_end].iter().sum();
@@ -243,14 +237,7 @@ fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
         text: "x".into(),
         covers_until: 8,
     };
-    let plan = plan_summary(
-        &summary_policy(100, 100, 4),
-        &msgs,
-        &tokens,
-        Some(&prev),
-        20,
-    )
-    .unwrap();
+    let plan = plan_summary(&summary_policy(100, 100, 4), &entries, Some(&prev), 20).unwrap();
     assert_eq!(plan.from, 9);
     assert!(msgs[plan.until + 1].role != Role::Tool);
 }
