@@ -179,6 +179,27 @@ fn summary_cut_never_splits_a_call_from_its_result() {
     check_valid(&out.messages).unwrap();
 }
 
+/// A tool result that step 4 shortened and the summary then covers is not sent at all: the
+/// report names it as removed only, not also as compressed (nor counts it as a compression).
+#[test]
+fn a_covered_result_is_reported_removed_not_compressed() {
+    let msgs = weather();
+    let p = policy(json!({"compress_tool_output": {"max_tokens": 3}}));
+    let all = run_with(&msgs, &p, None).report.compressed;
+    assert!(all.iter().any(|c| c.index <= 8), "{all:?}");
+    assert!(all.iter().any(|c| c.index > 8), "{all:?}");
+    let s = StoredSummary {
+        text: "t".into(),
+        covers_until: 8,
+    };
+    let out = run_with(&msgs, &p, Some(&s));
+    let removed: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+    let compressed: Vec<usize> = out.report.compressed.iter().map(|c| c.index).collect();
+    assert_eq!(removed, (1..=8).collect::<Vec<_>>());
+    let uncovered: Vec<usize> = all.iter().map(|c| c.index).filter(|&i| i > 8).collect();
+    assert_eq!(compressed, uncovered);
+}
+
 #[test]
 fn summary_is_kept_by_the_budget() {
     let msgs = weather();
