@@ -5,7 +5,7 @@ mod support;
 
 use ctxproxy::Error;
 use ctxproxy::context::{
-    PipelineInput, Policy, RemoveReason, Report, StoredSummary, plan_summary, run,
+    Entry, PipelineInput, Policy, RemoveReason, Report, StoredSummary, plan_summary, run,
 };
 use ctxproxy::conversation::{Message, Role, chain_ids};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -179,6 +179,27 @@ fn summary_cut_never_splits_a_call_from_its_result() {
     check_valid(&out.messages).unwrap();
 }
 
+/// A tool result that step 4 shortened and the summary then covers is not sent at all: the
+/// report names it as removed only, not also as compressed (nor counts it as a compression).
+#[test]
+fn a_covered_result_is_reported_removed_not_compressed() {
+    let msgs = weather();
+    let p = policy(json!({"compress_tool_output": {"max_tokens": 3}}));
+    let all = run_with(&msgs, &p, None).report.compressed;
+    assert!(all.iter().any(|c| c.index <= 8), "{all:?}");
+    assert!(all.iter().any(|c| c.index > 8), "{all:?}");
+    let s = StoredSummary {
+        text: "t".into(),
+        covers_until: 8,
+    };
+    let out = run_with(&msgs, &p, Some(&s));
+    let removed: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+    let compressed: Vec<usize> = out.report.compressed.iter().map(|c| c.index).collect();
+    assert_eq!(removed, (1..=8).collect::<Vec<_>>());
+    let uncovered: Vec<usize> = all.iter().map(|c| c.index).filter(|&i| i > 8).collect();
+    assert_eq!(compressed, uncovered);
+}
+
 #[test]
 fn summary_is_kept_by_the_budget() {
     let msgs = weather();
@@ -221,18 +242,12 @@ fn summary_policy(
 fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
     let msgs = weather();
     let tokens = counts(&msgs);
+    let entries = Entry::given(&msgs, &tokens);
     let history_end = current_turn_start(&msgs);
     let history: u64 = tokens[1..history_end].iter().sum();
-    assert!(plan_summary(&summary_policy(history, 100, 4), &msgs, &tokens, None, 0).is_none());
-    assert!(plan_summary(&summary_policy(10, 100, 100), &msgs, &tokens, None, 0).is_none());
-    let plan = plan_summary(
-        &summary_policy(history - 1, 100, 4),
-        &msgs,
-        &tokens,
-        None,
-        0,
-    )
-    .unwrap();
+    assert!(plan_summary(&summary_policy(history, 100, 4), &entries, None, 0).is_none());
+    assert!(plan_summary(&summary_policy(10, 100, 100), &entries, None, 0).is_none());
+    let plan = plan_summary(&summary_policy(history - 1, 100, 4), &entries, None, 0).unwrap();
     assert_eq!(plan.from, 1);
     assert_eq!(plan.history_tokens, history);
     let rest: u64 = tokens[plan.until + 1..history_end].iter().sum();
@@ -243,14 +258,7 @@ fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
         text: "x".into(),
         covers_until: 8,
     };
-    let plan = plan_summary(
-        &summary_policy(100, 100, 4),
-        &msgs,
-        &tokens,
-        Some(&prev),
-        20,
-    )
-    .unwrap();
+    let plan = plan_summary(&summary_policy(100, 100, 4), &entries, Some(&prev), 20).unwrap();
     assert_eq!(plan.from, 9);
     assert!(msgs[plan.until + 1].role != Role::Tool);
 }

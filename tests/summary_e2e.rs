@@ -513,3 +513,305 @@ async fn two_processes_on_one_postgres_make_one_summary() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A tenant whose history steps remove calls before the summary: `tool_filter` excludes
+/// `secret_tool`, and the (default) viewer role may not use `get_account_balance`.
+fn scrubbing_tenant() -> String {
+    "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [search_web, \
+     secret_tool]\n  default_role: viewer\n  scrub_history: true\npolicy:\n  tool_filter: { \
+     exclude: [secret_tool] }\n  summary: { model: summariser-1, trigger_tokens: 200, \
+     target_tokens: 60, min_messages: 2 }\n"
+        .to_string()
+}
+
+/// Tools offered by the requests of the scrubbing tests, chat shape.
+fn offered_tools() -> Value {
+    let tool = |name: &str| json!({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}});
+    json!([
+        tool("search_web"),
+        tool("secret_tool"),
+        tool("get_account_balance")
+    ])
+}
+
+/// Words that must never reach the summariser from the scrubbing tests' history.
+const HIDDEN: [&str; 4] = [
+    "secret_tool",
+    "SECRET-PAYLOAD-XYZ",
+    "get_account_balance",
+    "BALANCE-4242",
+];
+
+/// A history with three history calls, two of which steps 1–3 remove (the first by tool_filter,
+/// the second by tool access), then two turns and a new question; chat messages.
+fn scrubbed_history() -> Vec<Value> {
+    let call = |id: &str, name: &str, args: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": name, "arguments": args}}]})
+    };
+    let result =
+        |id: &str, text: &str| json!({"role": "tool", "tool_call_id": id, "content": text});
+    vec![
+        system(),
+        user(1),
+        call("c1", "secret_tool", r#"{"q": "x"}"#),
+        result("c1", "SECRET-PAYLOAD-XYZ"),
+        call("c2", "get_account_balance", r#"{"account": "ACC-001"}"#),
+        result("c2", "BALANCE-4242"),
+        call("c3", "search_web", r#"{"query": "weather"}"#),
+        result("c3", "SEARCH-RESULT-OK"),
+        json!({"role": "assistant", "content": "answer 1"}),
+        user(2),
+        json!({"role": "assistant", "content": "answer 2"}),
+        user(3),
+    ]
+}
+
+/// The same history as Responses input items (with `instructions` for the system message).
+fn scrubbed_items() -> Vec<Value> {
+    scrubbed_history()[1..]
+        .iter()
+        .flat_map(|m| match m["role"].as_str() {
+            Some("tool") => vec![json!({"type": "function_call_output",
+                "call_id": m["tool_call_id"], "output": m["content"]})],
+            Some("assistant") if m.get("tool_calls").is_some() => m["tool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    json!({"type": "function_call", "call_id": c["id"],
+                        "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+                })
+                .collect(),
+            _ => vec![m.clone()],
+        })
+        .collect()
+}
+
+/// The one summariser request `mock` received, after the jobs settled.
+async fn the_summary_request(proxy: &Proxy, mock: &MockHandle) -> String {
+    settle(proxy).await;
+    let asked: Vec<RecordedRequest> = mock
+        .requests()
+        .into_iter()
+        .filter(is_summary_request)
+        .collect();
+    assert_eq!(asked.len(), 1, "one summary was due");
+    summary_input(&asked[0])
+}
+
+/// The reasons the last request record of the session reports removals for.
+async fn removal_reasons(proxy: &Proxy, session: &str) -> Vec<String> {
+    let records = proxy.request_records("default", session).await;
+    let report = &records.last().unwrap()["report"];
+    report["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["reason"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// SPEC 5 runs tool access, tool_filter and the tool-call window before the summary: what they
+/// removed must not reach the summariser (it would come back on every later turn, and to a
+/// role that may not see it).
+#[tokio::test]
+async fn the_summariser_never_reads_calls_removed_before_the_summary_step() {
+    let opts = ProxyOptions::default().only_tenant("default", &scrubbing_tenant());
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    script(&mock, 200, "SCRUBBED facts");
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", SESSION)
+        .json(&json!({"model": "test-model", "messages": scrubbed_history(), "tools": offered_tools()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let input = the_summary_request(&proxy, &mock).await;
+    for hidden in HIDDEN {
+        assert!(
+            !input.contains(hidden),
+            "{hidden} reached the summariser: {input}"
+        );
+    }
+    assert!(input.contains("SEARCH-RESULT-OK"), "{input}");
+    assert!(input.contains("q001"), "{input}");
+    let reasons = removal_reasons(&proxy, SESSION).await;
+    assert!(reasons.iter().any(|r| r == "tool_filter"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "tool_access"), "{reasons:?}");
+}
+
+#[tokio::test]
+async fn the_summariser_never_reads_items_removed_before_the_summary_step() {
+    let opts = ProxyOptions::default().only_tenant("default", &scrubbing_tenant());
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    script(&mock, 200, "SCRUBBED facts");
+    let tools: Vec<Value> = ["search_web", "secret_tool", "get_account_balance"]
+        .iter()
+        .map(|name| json!({"type": "function", "name": name}))
+        .collect();
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-session-id", SESSION)
+        .json(
+            &json!({"model": "test-model", "instructions": "You are a test assistant.",
+            "input": scrubbed_items(), "tools": tools}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let input = the_summary_request(&proxy, &mock).await;
+    for hidden in HIDDEN {
+        assert!(
+            !input.contains(hidden),
+            "{hidden} reached the summariser: {input}"
+        );
+    }
+    assert!(input.contains("SEARCH-RESULT-OK"), "{input}");
+    let reasons = removal_reasons(&proxy, SESSION).await;
+    assert!(reasons.iter().any(|r| r == "tool_filter"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "tool_access"), "{reasons:?}");
+}
+
+/// The trigger is measured on the history as compress_tool_output leaves it: a long tool
+/// result shortened far below the trigger does not make a summary due.
+#[tokio::test]
+async fn the_trigger_counts_tool_results_as_compressed() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  compress_tool_output: \
+                  { max_tokens: 20 }\n  summary: { model: summariser-1, trigger_tokens: 200, \
+                  target_tokens: 100, min_messages: 1, blocking: true }\n";
+    let (proxy, mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", tenant)).await;
+    script(&mock, 200, "NEVER facts");
+    let history = json!([
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x".repeat(3000)},
+        {"role": "assistant", "content": "found it"},
+        {"role": "user", "content": "thanks"},
+        {"role": "assistant", "content": "welcome"},
+        {"role": "user", "content": "and now?"},
+    ]);
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", SESSION)
+        .json(&json!({"model": "test-model", "messages": history}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let out: u64 = resp.headers()["x-ctxproxy-tokens-out"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(out < 200, "the whole request is under the trigger: {out}");
+    settle(&proxy).await;
+    assert!(
+        mock.requests().iter().all(|r| !is_summary_request(r)),
+        "no summary is due"
+    );
+    let records = proxy.request_records("default", SESSION).await;
+    let report = &records.last().unwrap()["report"];
+    assert_eq!(report["summary"]["used"], false, "{report}");
+    assert_eq!(
+        report["compressed"].as_array().unwrap().len(),
+        1,
+        "{report}"
+    );
+}
+
+/// The tenant and models of the over-the-window tests: a 300-token model, summaries on.
+fn tiny_window(database_url: Option<String>) -> ProxyOptions {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  summary: { model: \
+                  summariser-1, trigger_tokens: 100, target_tokens: 60, min_messages: 2 }\n";
+    ProxyOptions {
+        server_extra: "models:\n  \"tiny*\": { context_window: 300, encoding: approximate }\n"
+            .into(),
+        database_url,
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    }
+}
+
+/// A short user message (about 30 tokens), recognisable by its number.
+fn short_user(n: usize) -> Value {
+    json!({"role": "user", "content": format!("q{n:03} {}", "lorem ipsum dolor ".repeat(6))})
+}
+
+/// Sends `body` to `path`; the status.
+async fn post_status(proxy: &Proxy, path: &str, body: &Value) -> u16 {
+    client()
+        .post(format!("{}{path}", proxy.base_url()))
+        .header("x-session-id", SESSION)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// SPEC 5.2: the request that crosses the trigger starts a job, also when it is itself refused
+/// as over the model's window; the next try then fits with the summary.
+async fn over_the_window_starts_a_summary(database_url: Option<String>, responses: bool) {
+    let (proxy, mock) = proxy_and_mock(tiny_window(database_url)).await;
+    script(&mock, 200, "WINDOW facts");
+    let mut history = vec![system()];
+    for n in 1..=8 {
+        history.push(short_user(n));
+        history.push(json!({"role": "assistant", "content": format!("answer {n}")}));
+    }
+    history.push(short_user(9));
+    let (path, body) = if responses {
+        let input = history[1..].to_vec();
+        let body = json!({"model": "tiny-1", "instructions": "You are a test assistant.",
+            "input": input});
+        ("/responses", body)
+    } else {
+        let body = json!({"model": "tiny-1", "messages": history});
+        ("/chat/completions", body)
+    };
+    assert_eq!(
+        post_status(&proxy, path, &body).await,
+        400,
+        "over the window"
+    );
+    settle(&proxy).await;
+    let asked = || {
+        mock.requests()
+            .iter()
+            .filter(|r| is_summary_request(r))
+            .count()
+    };
+    assert_eq!(asked(), 1, "the refused request started the summary job");
+    assert_eq!(
+        post_status(&proxy, path, &body).await,
+        200,
+        "the next try fits with the summary"
+    );
+    let records = proxy.request_records("default", SESSION).await;
+    let report = &records.last().unwrap()["report"];
+    assert_eq!(report["summary"]["used"], true, "{report}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chat_request_over_the_window_still_starts_its_summary() {
+    over_the_window_starts_a_summary(None, false).await;
+}
+
+#[tokio::test]
+async fn a_responses_request_over_the_window_still_starts_its_summary() {
+    over_the_window_starts_a_summary(None, true).await;
+}
+
+#[tokio::test]
+async fn a_request_over_the_window_still_starts_its_summary_on_postgres() {
+    let Some(db) = common::pg::PgTestDb::create().await else {
+        return;
+    };
+    over_the_window_starts_a_summary(Some(db.url.clone()), false).await;
+}

@@ -16,6 +16,10 @@
 //! it back to its call afterwards). The one exception is a removed call's result, which goes with
 //! its call wherever it sits (see `removal.rs`).
 //!
+//! A run can stop after step 4 ([`begin`]) and be finished later with a summary
+//! ([`Early::finish`]): a new summary is planned over and made from what steps 1–4 leave, by the
+//! caller, who does the I/O that takes.
+//!
 //! The pipeline works on the shared [`Message`] model. The Responses API reuses it by mapping its
 //! items to messages (keeping the original item in `extra`) and back; nothing here is specific to
 //! chat completions.
@@ -47,7 +51,7 @@ pub use policy::Policy;
 pub use report::{
     CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
 };
-pub use summary::{StoredSummary, SummaryPlan, plan_summary};
+pub use summary::{Entry, StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::{offered_tool_names, tool_name};
 
 use work::{Item, Msg, Work, current_turn_start};
@@ -198,6 +202,23 @@ pub fn run<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Re
 /// Runs the pipeline over `input` like [`run`], returning the result as a [`Plan`] over
 /// `input.messages`.
 pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Plan> {
+    begin(input, counter)?.finish(input.summary)
+}
+
+/// A run stopped after step 4 (see [`begin`]).
+pub struct Early<'a> {
+    work: Work<'a>,
+    input: PipelineInput<'a>,
+    tools_tokens: u64,
+}
+
+/// Runs steps 1–4 over `input`, stopping before the summary. A new summary is planned over and
+/// made from what these steps leave ([`Early::entries`]), never from the conversation as given:
+/// it must not read what they removed, nor be triggered by what they shortened. The caller then
+/// finishes the run with the summary to apply ([`Early::finish`]); `input.summary` is not read.
+///
+/// Fails with [`Error::Internal`] when `ids` is not parallel to `messages`.
+pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Early<'a>> {
     let encoding = input.model.encoding;
     if let Some(ids) = input.ids
         && ids.len() != input.messages.len()
@@ -246,50 +267,99 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
     if let Some(filter) = &policy.tool_filter {
         tool_filter::apply(&mut work, filter);
     }
-    let repair = policy.repair();
     if let Some(window) = &policy.tool_call_window {
-        tool_window::apply(&mut work, window, repair.unanswered_calls);
+        tool_window::apply(&mut work, window, policy.repair().unanswered_calls);
     }
     if let Some(c) = &policy.compress_tool_output {
         compress::apply(&mut work, c);
     }
-    if let Some(s) = input.summary {
-        summary::apply(&mut work, s);
-    }
-    if let Some(b) = &policy.token_budget {
-        budget::apply(
-            &mut work,
-            b,
-            input.model.context_window,
-            tools_tokens,
-            repair.unanswered_calls,
-        );
-    }
-    repair::apply(&mut work, &repair);
+    Ok(Early {
+        work,
+        input,
+        tools_tokens,
+    })
+}
 
-    let tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
-    work.report.tokens_out = tokens_out;
-    if tokens_out > input.model.context_window {
-        return Err(Error::ContextLengthExceeded {
-            window: input.model.context_window,
-            needed: tokens_out,
-            param: crate::error::CONVERSATION_PARAM,
-        });
+impl<'a> Early<'a> {
+    /// The conversation as given to [`begin`].
+    pub fn given(&self) -> &'a [Message] {
+        self.input.messages
     }
-    let mut parts: Vec<Part> = Vec::new();
-    for item in work.items {
-        match (item.msg, item.index) {
-            (Msg::Borrowed(_), Some(p)) => match parts.last_mut() {
-                Some(Part::Unchanged(run)) if run.end == p => run.end += 1,
-                _ => parts.push(Part::Unchanged(p..p + 1)),
-            },
-            (Msg::Borrowed(m), None) => parts.push(Part::Changed(Box::new(m.clone()))),
-            (Msg::Owned(m), _) => parts.push(Part::Changed(m)),
+
+    /// The conversation as steps 1–4 left it, in order, each message with its index in the
+    /// conversation as given and its tokens (counted once, shared with the rest of the run).
+    pub fn entries(&self) -> Vec<summary::Entry<'_>> {
+        self.work
+            .items
+            .iter()
+            .filter_map(|item| {
+                Some(summary::Entry {
+                    message: &item.msg,
+                    index: item.index?,
+                    tokens: item.tokens,
+                })
+            })
+            .collect()
+    }
+
+    /// Runs steps 5–7, applying `summary` (whose `covers_until` is an index into the
+    /// conversation as given).
+    ///
+    /// Fails with [`Error::ContextLengthExceeded`] when the rewritten request is still larger
+    /// than the model's context window (the upstream must then not be called).
+    pub fn finish(self, summary: Option<&StoredSummary>) -> Result<Plan> {
+        let Early {
+            mut work,
+            input,
+            tools_tokens,
+        } = self;
+        let policy = input.policy;
+        if let Some(s) = summary {
+            summary::apply(&mut work, s);
+        }
+        let repair = policy.repair();
+        if let Some(b) = &policy.token_budget {
+            budget::apply(
+                &mut work,
+                b,
+                input.model.context_window,
+                tools_tokens,
+                repair.unanswered_calls,
+            );
+        }
+        repair::apply(&mut work, &repair);
+
+        let tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+        work.report.tokens_out = tokens_out;
+        if tokens_out > input.model.context_window {
+            return Err(Error::ContextLengthExceeded {
+                window: input.model.context_window,
+                needed: tokens_out,
+                param: crate::error::CONVERSATION_PARAM,
+            });
+        }
+        Ok(work.into_plan())
+    }
+}
+
+impl Work<'_> {
+    /// The finished run as a [`Plan`] over the conversation as given.
+    fn into_plan(self) -> Plan {
+        let mut parts: Vec<Part> = Vec::new();
+        for item in self.items {
+            match (item.msg, item.index) {
+                (Msg::Borrowed(_), Some(p)) => match parts.last_mut() {
+                    Some(Part::Unchanged(run)) if run.end == p => run.end += 1,
+                    _ => parts.push(Part::Unchanged(p..p + 1)),
+                },
+                (Msg::Borrowed(m), None) => parts.push(Part::Changed(Box::new(m.clone()))),
+                (Msg::Owned(m), _) => parts.push(Part::Changed(m)),
+            }
+        }
+        Plan {
+            parts,
+            report: self.report,
+            calls: self.calls,
         }
     }
-    Ok(Plan {
-        parts,
-        report: work.report,
-        calls: work.calls,
-    })
 }

@@ -1,5 +1,6 @@
-//! Step 5, `summary`: applying a stored rolling summary, and deciding when a new one is due.
-//! Both are pure; making the summary (an upstream call) and storing it happen outside.
+//! Step 5, `summary`: applying a stored rolling summary, and deciding when a new one is due
+//! (measured on the history as steps 1–4 leave it, see [`Entry`]). Both are pure; making the
+//! summary (an upstream call) and storing it happen outside.
 //!
 //! Applying: the summary goes in as a `system` message right after the leading system/developer
 //! messages, reading `"Summary of the earlier conversation:\n" + text`, and the history it covers
@@ -7,12 +8,14 @@
 //! and its results, the whole segment is kept (a little duplicated context is better than a
 //! broken pair). Instruction messages are never removed.
 
+use std::collections::HashSet;
+
 use serde::{Deserialize, Serialize};
 
 use super::policy::SummaryPolicy;
 use super::report::{RemoveReason, SummaryUse};
 use super::segments::segments;
-use super::work::{Item, Msg, Work, current_turn_start};
+use super::work::{Item, Msg, Work};
 use crate::conversation::{Message, Role};
 
 /// The prefix of the summary message.
@@ -63,6 +66,18 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
     work.remove_where(RemoveReason::Summary, |pos, item| {
         pos >= lead && pos < cut && !item.msg.role.is_instruction()
     });
+    // A result step 4 shortened and the summary then took out is not sent at all: it is
+    // reported as removed only, not also as compressed.
+    let covered: HashSet<usize> = work
+        .report
+        .removed
+        .iter()
+        .filter(|r| r.reason == RemoveReason::Summary)
+        .map(|r| r.index)
+        .collect();
+    work.report
+        .compressed
+        .retain(|c| !covered.contains(&c.index));
     let msg = summary.message();
     let tokens = work.count(&msg);
     work.items.insert(
@@ -83,47 +98,82 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
 /// Which messages a new summary should cover.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SummaryPlan {
-    /// First message to summarise (index into the conversation); the summariser also gets the
-    /// previous summary's text, so what it already covers is never re-read.
+    /// First message to summarise (index into the conversation as given); the summariser also
+    /// gets the previous summary's text, so what it already covers is never re-read.
     pub from: usize,
-    /// Last message to summarise, inclusive; becomes the new summary's `covers_until`.
+    /// Last message to summarise, inclusive (index into the conversation as given); becomes the
+    /// new summary's `covers_until`.
     pub until: usize,
     /// Tokens of the history as it stands (uncovered messages plus the previous summary) that
     /// made the summary due.
     pub history_tokens: u64,
 }
 
-/// Whether a new summary is due for `messages`, and over which range.
+/// One message of the conversation as steps 1–4 leave it, which is what a new summary is
+/// planned over and made from: a summary must neither read what those steps removed (a call the
+/// role may not see) nor be triggered by what they already shortened.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'m> {
+    pub message: &'m Message,
+    /// Position in the conversation as given.
+    pub index: usize,
+    /// Tokens of the message as it stands.
+    pub tokens: u64,
+}
+
+impl<'m> Entry<'m> {
+    /// The conversation as given, untouched by any step (`tokens` parallel to `messages`).
+    pub fn given(messages: &'m [Message], tokens: &[u64]) -> Vec<Entry<'m>> {
+        messages
+            .iter()
+            .zip(tokens)
+            .enumerate()
+            .map(|(index, (message, &tokens))| Entry {
+                message,
+                index,
+                tokens,
+            })
+            .collect()
+    }
+}
+
+/// Whether a new summary is due for the conversation `entries` (as steps 1–4 leave it; see
+/// [`Early::entries`](super::Early::entries)), and over which range.
 ///
-/// `tokens` holds each message's count (parallel to `messages`; see
-/// [`TokenCounter::message_with_id`](crate::tokens::TokenCounter::message_with_id));
 /// `previous` is the summary in force, with `previous_tokens` the tokens of its message. Due when
-/// the history (messages before the last `user` message, less what `previous` covers, plus
+/// the history (entries before the last `user` message, less what `previous` covers, plus
 /// `previous_tokens`) exceeds `trigger_tokens` and has at least `min_messages` uncovered
 /// messages. The plan covers the oldest uncovered history, leaving the newest whole segments that
 /// fit in `target_tokens - previous_tokens` (the new summary is assumed no larger than the old).
 pub fn plan_summary(
     policy: &SummaryPolicy,
-    messages: &[Message],
-    tokens: &[u64],
+    entries: &[Entry<'_>],
     previous: Option<&StoredSummary>,
     previous_tokens: u64,
 ) -> Option<SummaryPlan> {
-    if tokens.len() != messages.len() {
-        return None;
-    }
-    let history_end = current_turn_start(messages);
-    let lead = messages
+    let history_end = entries
         .iter()
-        .take_while(|m| m.role.is_instruction())
+        .rposition(|e| e.message.role == Role::User)
+        .unwrap_or(0);
+    let lead = entries
+        .iter()
+        .take_while(|e| e.message.role.is_instruction())
         .count();
-    let from = previous.map_or(lead, |p| p.covers_until + 1).max(lead);
+    // Positions in `entries` from here on; the plan names messages by their given index.
+    let from = match previous {
+        Some(p) => (lead..history_end)
+            .find(|&pos| entries[pos].index > p.covers_until)
+            .unwrap_or(history_end),
+        None => lead,
+    };
     if from >= history_end {
         return None;
     }
     let counted = |r: std::ops::Range<usize>| -> (u64, usize) {
-        r.filter(|&i| !messages[i].role.is_instruction())
-            .fold((0, 0), |(t, n), i| (t + tokens[i], n + 1))
+        entries[r]
+            .iter()
+            .filter(|e| !e.message.role.is_instruction())
+            .fold((0, 0), |(t, n), e| (t + e.tokens, n + 1))
     };
     let (uncovered_tokens, uncovered_count) = counted(from..history_end);
     let history_tokens = uncovered_tokens + previous_tokens;
@@ -133,7 +183,7 @@ pub fn plan_summary(
     let keep_budget = policy.target_tokens.saturating_sub(previous_tokens);
     let mut keep_start = history_end;
     let mut kept = 0u64;
-    for seg in segments(|i| &messages[i], from..history_end)
+    for seg in segments(|pos| entries[pos].message, from..history_end)
         .into_iter()
         .rev()
     {
@@ -148,8 +198,8 @@ pub fn plan_summary(
         return None;
     }
     Some(SummaryPlan {
-        from,
-        until: keep_start - 1,
+        from: entries[from].index,
+        until: entries[keep_start - 1].index,
         history_tokens,
     })
 }

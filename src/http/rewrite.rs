@@ -133,12 +133,6 @@ pub async fn rewrite(
                 None => chat_messages(&wire)?,
             };
             check_current_turn(&messages, allowed)?;
-            let mut summary = match purpose {
-                Purpose::Live => {
-                    summarize::prepare(state, tenant, session, headers, &messages, ids, facts).await
-                }
-                Purpose::Preview => summarize::stored(state, tenant, session, &messages, ids).await,
-            };
             let input = PipelineInput {
                 messages: &messages,
                 ids: Some(ids),
@@ -146,12 +140,19 @@ pub async fn rewrite(
                 client_tools,
                 policy: &tenant.policy,
                 model: facts,
-                summary: summary.applied(),
+                summary: None,
                 tool_access: tool_access.as_ref(),
                 text_apart_from_calls: false,
             };
+            let early = context::begin(input, &state.tokens)?;
+            let mut summary = match purpose {
+                Purpose::Live => {
+                    summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
+                }
+                Purpose::Preview => summarize::stored(state, tenant, session, &messages, ids).await,
+            };
+            let plan = finish(early, &mut summary)?;
             // The messages are ours: the kept ones are moved into the output, not cloned.
-            let plan = context::plan(input, &state.tokens)?;
             let mut rewritten = plan.take_from(&mut messages);
             summary.fix_report(&mut rewritten.report);
             if purpose == Purpose::Live {
@@ -189,27 +190,27 @@ pub async fn rewrite(
                     summary_job: None,
                 });
             }
+            let input = PipelineInput {
+                ids: item_ids.as_deref(),
+                tools: tools_json.as_ref(),
+                client_tools,
+                summary: None,
+                tool_access: tool_access.as_ref(),
+                ..conv.pipeline_input(&tenant.policy, facts)
+            };
+            let early = context::begin(input, &state.tokens)?;
             // A summary needs the stored ids of the items (its anchor is one); items the
             // proxy could not name get none rather than a guessed one.
             let mut summary = match (&item_ids, purpose) {
                 (Some(ids), Purpose::Live) => {
-                    summarize::prepare(state, tenant, session, headers, &conv.messages, ids, facts)
-                        .await
+                    summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
                 }
                 (Some(ids), Purpose::Preview) => {
                     summarize::stored(state, tenant, session, &conv.messages, ids).await
                 }
                 (None, _) => summarize::Prepared::default(),
             };
-            let input = PipelineInput {
-                ids: item_ids.as_deref(),
-                tools: tools_json.as_ref(),
-                client_tools,
-                summary: summary.applied(),
-                tool_access: tool_access.as_ref(),
-                ..conv.pipeline_input(&tenant.policy, facts)
-            };
-            let rewritten = context::run(input, &state.tokens)?;
+            let rewritten = finish(early, &mut summary)?.cloned_from(&conv.messages);
             call.put_items(responses_items::to_items(&rewritten.messages));
             let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             summary.fix_report(&mut report);
@@ -222,6 +223,21 @@ pub async fn rewrite(
             })
         }
     }
+}
+
+/// Steps 5–7 of the pipeline with the summary `prepare` (or `stored`) found. A summary job
+/// planned for this request starts even when the request is refused (over the model's context
+/// window): its messages are stored already, and without the job every later turn of the
+/// conversation would be refused the same way (SPEC 5.2: the request that crosses the trigger
+/// starts a job). Dropped unstarted, the job would only count as a failure.
+fn finish(early: context::Early<'_>, summary: &mut summarize::Prepared) -> Result<context::Plan> {
+    let plan = early.finish(summary.applied());
+    if plan.is_err()
+        && let Some(job) = summary.take_job()
+    {
+        job.spawn();
+    }
+    plan
 }
 
 /// 403 when the request's own current turn calls a tool the role may not use, checked on what

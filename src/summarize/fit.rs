@@ -3,30 +3,25 @@
 //! summariser can read; the plan is then shortened to what fits, ending at a segment boundary,
 //! and the rest is folded in by the next, rolling, summary.
 
-use crate::context::SummaryPlan;
 use crate::context::segments::segments;
-use crate::conversation::Message;
+use crate::context::{Entry, SummaryPlan};
 
-/// `plan` cut to at most `cap` tokens of messages (by `tokens`, parallel to `messages`), always
-/// keeping at least its first segment so a session can never be stuck without progress.
-pub(crate) fn fit_plan(
-    plan: SummaryPlan,
-    messages: &[Message],
-    tokens: &[u64],
-    cap: u64,
-) -> SummaryPlan {
-    if plan.until >= messages.len() || tokens.len() != messages.len() {
-        return plan;
-    }
+/// `plan` cut to at most `cap` tokens of messages (`entries`: the conversation the plan was made
+/// over), always keeping at least its first segment so a session can never be stuck without
+/// progress.
+pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> SummaryPlan {
+    // The plan names messages by their index as given; the entries may have gaps.
+    let start = entries.partition_point(|e| e.index < plan.from);
+    let end = entries.partition_point(|e| e.index <= plan.until);
     let mut total = 0u64;
     let mut until = None;
-    for seg in segments(|i| &messages[i], plan.from..plan.until + 1) {
-        let t: u64 = seg.clone().map(|i| tokens[i]).sum();
+    for seg in segments(|pos| entries[pos].message, start..end) {
+        let t: u64 = entries[seg.clone()].iter().map(|e| e.tokens).sum();
         if until.is_some() && total + t > cap {
             break;
         }
         total += t;
-        until = Some(seg.end - 1);
+        until = Some(entries[seg.end - 1].index);
     }
     SummaryPlan {
         until: until.unwrap_or(plan.until),
@@ -37,7 +32,7 @@ pub(crate) fn fit_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::{Role, ToolCall};
+    use crate::conversation::{Message, Role, ToolCall};
 
     fn call(id: &str) -> Message {
         let mut m = Message::text(Role::Assistant, "");
@@ -68,18 +63,17 @@ mod tests {
             Message::text(Role::User, "b"),
             Message::text(Role::Assistant, "c"),
         ];
-        let tokens = vec![10; 5];
+        let entries = Entry::given(&msgs, &[10; 5]);
         // 25 tokens would end inside the call's segment; the cut goes before it.
-        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 25).until, 0);
-        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 30).until, 2);
-        assert_eq!(fit_plan(plan(0, 4), &msgs, &tokens, 1000).until, 4);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 25).until, 0);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 30).until, 2);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 1000).until, 4);
     }
 
     #[test]
     fn at_least_one_segment_is_taken() {
         let msgs = vec![call("c1"), result("c1"), Message::text(Role::User, "b")];
-        let tokens = vec![100; 3];
-        let fitted = fit_plan(plan(0, 2), &msgs, &tokens, 10);
+        let fitted = fit_plan(plan(0, 2), &Entry::given(&msgs, &[100; 3]), 10);
         assert_eq!((fitted.from, fitted.until), (0, 1));
     }
 }

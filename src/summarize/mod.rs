@@ -1,11 +1,12 @@
 //! Rolling summaries of older history (SPEC 5 step 5, 5.2), the impure half around the pure
 //! `context::summary`: load the summary stored for the branch a request continues, map it onto
 //! the request's conversation for the pipeline, decide with `plan_summary` whether a new one is
-//! due, and make it — on a background job after the answer (default) or before forwarding
-//! (`blocking: true`). A summary is a chat completion to the tenant's upstream (`request`), kept
-//! in the store per session and branch (every one kept, the newest used); a store lease keeps
-//! two processes from summarising one session at once (`job`), and an in-process backoff keeps a
-//! failing summariser from being called on every turn (`jobs`).
+//! due (over the conversation as the pipeline's steps 1–4 leave it, which is also what the
+//! summariser reads), and make it — on a background job after the answer (default) or before
+//! forwarding (`blocking: true`). A summary is a chat completion to the tenant's upstream
+//! (`request`), kept in the store per session and branch (every one kept, the newest used); a
+//! store lease keeps two processes from summarising one session at once (`job`), and an
+//! in-process backoff keeps a failing summariser from being called on every turn (`jobs`).
 
 mod fit;
 mod job;
@@ -19,7 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 
 use crate::app::AppState;
 use crate::config::Tenant;
-use crate::context::{Report, StoredSummary, SummaryPlan, plan_summary};
+use crate::context::{Early, Entry, Report, StoredSummary, SummaryPlan, plan_summary};
 use crate::conversation::{Message, MessageId};
 use crate::store::Summary;
 use crate::tokens::ModelFacts;
@@ -148,39 +149,35 @@ fn applied_to(latest: Option<Summary>, ids: &[MessageId]) -> Prepared {
 }
 
 /// The request's side of the summary work: [`stored`], then whether a new summary is due; if
-/// so, made now (`blocking`) and applied, or left as a job for after the answer.
+/// so, made now (`blocking`) and applied, or left as a job for after the answer. `early` is the
+/// request's conversation after steps 1–4, which the trigger is measured on and the summariser
+/// reads (SPEC 5 runs them before the summary); `ids` are parallel to the conversation as given.
 pub async fn prepare(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,
     session: &str,
     headers: &HeaderMap,
-    messages: &[Message],
+    early: &Early<'_>,
     ids: &[MessageId],
     facts: ModelFacts,
 ) -> Prepared {
-    let mut prepared = stored_at_leaf(state, tenant, session, messages, ids).await;
+    let mut prepared = stored_at_leaf(state, tenant, session, early.given(), ids).await;
     let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
         return prepared;
     };
     let encoding = facts.encoding;
-    // In one batch, like the pipeline: the counts of the conversation's earlier turn are reused.
-    let tokens = state.tokens.messages(encoding, messages, Some(ids));
+    let entries = early.entries();
     let previous_tokens = prepared
         .applied
         .as_ref()
         .map_or(0, |s| state.tokens.message(encoding, &s.message()));
-    let Some(plan) = plan_summary(
-        policy,
-        messages,
-        &tokens,
-        prepared.applied.as_ref(),
-        previous_tokens,
-    ) else {
+    let Some(plan) = plan_summary(policy, &entries, prepared.applied.as_ref(), previous_tokens)
+    else {
         return prepared;
     };
     // Half the summariser's window for the transcript leaves room for prompt and answer.
     let summariser = state.config.load().models.lookup(&policy.model);
-    let plan = fit::fit_plan(plan, messages, &tokens, summariser.context_window / 2);
+    let plan = fit::fit_plan(plan, &entries, summariser.context_window / 2);
     let Some(&anchor) = ids.get(plan.until) else {
         return prepared;
     };
@@ -201,7 +198,7 @@ pub async fn prepare(
         leaf,
         based_on: prepared.latest_id,
         previous: prepared.applied.as_ref().map(|s| s.text.clone()),
-        messages: covered(messages, &plan),
+        messages: covered(&entries, &plan),
         anchor,
         encoding,
         authorization: authorization(tenant, headers),
@@ -222,14 +219,14 @@ pub async fn prepare(
     prepared
 }
 
-/// The messages a plan folds in: instructions stay in every request, so they are not summarised.
-fn covered(messages: &[Message], plan: &SummaryPlan) -> Vec<Message> {
-    messages
-        .get(plan.from..=plan.until)
-        .unwrap_or_default()
+/// The messages a plan folds in, as steps 1–4 left them: instructions stay in every request,
+/// so they are not summarised.
+fn covered(entries: &[Entry<'_>], plan: &SummaryPlan) -> Vec<Message> {
+    entries
         .iter()
-        .filter(|m| !m.role.is_instruction())
-        .cloned()
+        .filter(|e| (plan.from..=plan.until).contains(&e.index))
+        .filter(|e| !e.message.role.is_instruction())
+        .map(|e| e.message.clone())
         .collect()
 }
 
