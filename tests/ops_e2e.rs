@@ -22,6 +22,56 @@ async fn scrape(proxy: &Proxy) -> String {
     proxy.metrics_text().await
 }
 
+/// The metrics once `ready` holds for them (a record written as a relayed body ends), bounded
+/// so that a regression fails instead of hanging.
+async fn scrape_until(proxy: &Proxy, ready: impl Fn(&str) -> bool) -> String {
+    for _ in 0..200 {
+        let m = scrape(proxy).await;
+        if ready(&m) {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("metrics never got there:\n{}", scrape(proxy).await);
+}
+
+/// A pass-through body the upstream breaks off (here: stalls past the tenant's timeout after
+/// its first chunk) is recorded with the error's status once it ends, not as the 200 its
+/// headers said; its duration covers the whole body.
+#[tokio::test]
+async fn a_passthrough_body_broken_off_is_recorded_with_its_error() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut conn, _) = upstream.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = conn.read(&mut buf).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
+        conn.write_all(head.as_bytes()).await.unwrap();
+        // Then nothing, past the tenant's timeout of 1 s.
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    });
+    let tenant = format!("keys: any\nupstream:\n  base_url: http://{addr}/v1\n  timeout_s: 1\n");
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default().only_tenant("slow", &tenant)).await;
+    let resp = client()
+        .get(format!("{}/files/f/content", proxy.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.bytes().await.is_err(), "the body was cut");
+    let failed = "ctxproxy_requests_total{tenant=\"slow\",endpoint=\"passthrough\",status=\"504\"}";
+    let m = scrape_until(&proxy, |m| sample(m, failed).is_some()).await;
+    assert_eq!(sample(&m, failed), Some(1.0), "{m}");
+    let duration = sample(
+        &m,
+        "ctxproxy_request_duration_seconds_sum{endpoint=\"passthrough\"}",
+    )
+    .unwrap();
+    assert!(duration >= 1.0, "the whole body's time: {duration}");
+}
+
 #[tokio::test]
 async fn metrics_show_every_family_with_sane_values() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
@@ -50,7 +100,14 @@ async fn metrics_show_every_family_with_sane_values() {
     http.get(format!("{}/models", proxy.base_url()))
         .send()
         .await
+        .unwrap()
+        .text()
+        .await
         .unwrap();
+    // A pass-through request is recorded once its body has been relayed.
+    let passthrough =
+        "ctxproxy_requests_total{tenant=\"default\",endpoint=\"passthrough\",status=\"200\"}";
+    scrape_until(&proxy, |m| sample(m, passthrough).is_some()).await;
 
     let m = scrape(&proxy).await;
     let requests = sample(

@@ -233,6 +233,53 @@ async fn passthrough_keeps_method_path_query_headers_and_body() {
     assert_eq!(mock.requests().len(), 2);
 }
 
+/// Sends `head` (a raw HTTP/1.1 request head, `Connection: close`) with `body` and reads the
+/// whole answer: the path goes exactly as written, which an HTTP client would normalise first.
+async fn raw_request(addr: std::net::SocketAddr, head: &str, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{head}\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tcp.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A pass-through path the upstream would read as another path is refused, not forwarded: dot
+/// segments (raw or encoded) would take a managed route around its management (no store, no
+/// role check) or leave the upstream's base path, and a managed route spelt differently (a
+/// trailing slash, an empty segment) likewise.
+#[tokio::test]
+async fn passthrough_refuses_paths_that_mean_another_path_upstream() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    for head in [
+        "POST /v1/x/../chat/completions HTTP/1.1",
+        "POST /v1/chat/%2e/completions HTTP/1.1",
+        "POST /v1/chat/completions/ HTTP/1.1",
+        "POST /v1//responses HTTP/1.1",
+        "GET /v1/../../admin/secret HTTP/1.1",
+        "GET /v1/models/%2E%2E/secret HTTP/1.1",
+    ] {
+        let answer = raw_request(proxy.addr, head, chat).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{head}: {answer}");
+        let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_openai_error(&v);
+    }
+    assert!(mock.requests().is_empty(), "nothing was forwarded");
+    // A plain pass-through answer keeps the upstream's Content-Length.
+    let answer = raw_request(proxy.addr, "GET /v1/models HTTP/1.1", "").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("content-length:"),
+        "{answer}"
+    );
+}
+
 /// A request without a body (the SDKs' `files.delete()`, a GET) reaches the upstream without
 /// one, as it would directly: no `transfer-encoding: chunked` appears on the way. A chunked body
 /// is still streamed through.

@@ -463,7 +463,7 @@ async fn send(
     };
 
     let status = resp.status();
-    let mut resp_headers = headers::to_client(resp.headers());
+    let mut resp_headers = headers::to_client(resp.headers(), headers::Length::Drop);
     if let Some(r) = &report {
         resp_headers.insert(TOKENS_IN_HEADER, HeaderValue::from(r.tokens_in));
         resp_headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(r.tokens_out));

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::body::HttpBody;
+use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
 
 use super::{request_id, tenant};
 use crate::app::AppState;
@@ -19,123 +20,240 @@ use crate::upstream::{self, Outgoing, headers};
 
 /// Forwards the request to the tenant's upstream and relays the answer as it comes.
 pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let started = Instant::now();
-    let request_id = request_id::from_headers(request.headers());
-    let path = request.uri().path().to_string();
-    let (tenant_name, upstream_took, result) = forward_inner(&state, request).await;
-    let mut response = match result {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
+    let mut done = Done {
+        started: Instant::now(),
+        request_id: request_id::from_headers(request.headers()),
+        path: request.uri().path().to_string(),
+        tenant: None,
+        upstream_started: None,
+        status: 0,
     };
-    crate::metrics::request(
-        tenant_name.as_deref().unwrap_or("-"),
-        "passthrough",
-        response.status().as_u16(),
-        started.elapsed(),
-        upstream_took,
-    );
-    tracing::info!(
-        tenant = tenant_name.as_deref().unwrap_or("-"),
-        endpoint = %path,
-        status = response.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-        request_id = %request_id,
-        "passthrough"
-    );
-    if let Ok(v) = request_id.parse() {
+    let (mut response, relayed) = match forward_inner(&state, request, &mut done).await {
+        Ok(answer) => {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = answer.status;
+            *response.headers_mut() = answer.headers;
+            (response, Some(answer.body))
+        }
+        Err(e) => (e.into_response(), None),
+    };
+    if let Ok(v) = done.request_id.parse() {
         response
             .headers_mut()
             .insert(request_id::RESPONSE_HEADER, v);
     }
+    done.status = response.status().as_u16();
+    if let Some(body) = relayed {
+        // Recorded when the body has been relayed whole (or the client went away): a long
+        // download counts its whole length, and a body the upstream broke off counts with the
+        // error's status, as a managed stream's does.
+        let metered = body.map(move |chunk| {
+            // The whole record moves into the stream (not just its status): it drops with it.
+            let done = &mut done;
+            if let Err(e) = &chunk {
+                done.status = match e.kind() {
+                    std::io::ErrorKind::TimedOut => 504,
+                    _ => 502,
+                };
+            }
+            chunk
+        });
+        *response.body_mut() = Body::from_stream(metered);
+    }
+    // Otherwise `done` records the answer the proxy made itself as it drops here.
     response
 }
 
-/// The tenant (once known), how long the upstream took to answer with its headers (once it was
-/// called: the overhead metric is the rest), and the answer.
+/// A pass-through request's record (metrics and the access log), written when it drops: once
+/// its answer's body has been relayed, or at once for an answer the proxy made itself.
+struct Done {
+    started: Instant,
+    request_id: String,
+    path: String,
+    tenant: Option<String>,
+    /// When the upstream was called (the overhead metric is the time before it).
+    upstream_started: Option<Instant>,
+    status: u16,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        let tenant = self.tenant.as_deref().unwrap_or("-");
+        let total = self.started.elapsed();
+        crate::metrics::request(
+            tenant,
+            "passthrough",
+            self.status,
+            total,
+            self.upstream_started.map(|t| t.elapsed()),
+        );
+        tracing::info!(
+            tenant,
+            endpoint = %self.path,
+            status = self.status,
+            latency_ms = total.as_secs_f64() * 1000.0,
+            request_id = %self.request_id,
+            "passthrough"
+        );
+    }
+}
+
+/// The upstream's answer: status, headers as relayed, and its body as it comes.
+struct Answer<B> {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: B,
+}
+
+/// Calls the upstream, noting the tenant and when the upstream was called in `done`.
 async fn forward_inner(
     state: &AppState,
     request: Request,
-) -> (Option<String>, Option<Duration>, Result<Response>) {
+    done: &mut Done,
+) -> Result<Answer<impl Stream<Item = std::io::Result<Bytes>> + Send + 'static>> {
     let config = state.config.load_full();
-    let selected = match tenant::select(&config, request.headers()) {
-        Ok(s) => s,
-        Err(e) => return (None, None, Err(e)),
-    };
-    let mut upstream_took = None;
-    let name = Some(selected.tenant.name.clone());
-    let result = async {
-        let limit = config.server.server.max_body_bytes;
-        let declared = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(Error::RequestTooLarge { limit });
-        }
-        let tenant = &selected.tenant;
-        let up = &tenant.file.upstream;
-        let (parts, body) = request.into_parts();
-        let rest = parts
-            .uri
-            .path()
-            .strip_prefix("/v1")
-            .unwrap_or(parts.uri.path());
-        let mut url = format!("{}{}", tenant.upstream_base, rest);
-        if let Some(q) = parts.uri.query() {
-            url.push('?');
-            url.push_str(q);
-        }
-        let auth = tenant::upstream_auth(&selected);
-        let out_headers = headers::to_upstream(&parts.headers, &auth, false);
-        // A body without a length found over the limit on the way: a 413, not an upstream error.
-        let too_large = Arc::new(AtomicBool::new(false));
-        // A request that carries no body (neither Content-Length nor Transfer-Encoding, as the
-        // SDKs send DELETE and GET; or an HTTP/2 request whose headers end the stream) goes on
-        // without one: a wrapped stream, even an empty one, would be sent chunked.
-        let body = if body.is_end_stream() {
-            reqwest::Body::from(bytes::Bytes::new())
-        } else {
-            let over = too_large.clone();
-            let stream = axum::body::Body::new(http_body_util::Limited::new(body, limit))
-                .into_data_stream()
-                .map_err(move |e| {
-                    let e = e.into_inner();
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        over.store(true, Ordering::Relaxed);
-                    }
-                    std::io::Error::other(e)
-                });
-            reqwest::Body::wrap_stream(stream)
-        };
-        let client = state
-            .upstream
-            .client(Duration::from_secs(up.connect_timeout_s))?;
-        let timeout = Duration::from_secs(up.timeout_s);
-        let upstream_started = Instant::now();
-        let sent = upstream::send(
-            &client,
-            Outgoing {
-                method: parts.method,
-                url,
-                headers: out_headers,
-                body,
-                header_timeout: timeout,
-            },
-        )
-        .await;
-        upstream_took = Some(upstream_started.elapsed());
-        if sent.is_err() && too_large.load(Ordering::Relaxed) {
-            return Err(Error::RequestTooLarge { limit });
-        }
-        let resp = sent?;
-        let status = resp.status();
-        let resp_headers = headers::to_client(resp.headers());
-        let mut response = Response::new(upstream::relay::passthrough(resp, timeout));
-        *response.status_mut() = status;
-        *response.headers_mut() = resp_headers;
-        Ok::<_, Error>(response)
+    let selected = tenant::select(&config, request.headers())?;
+    done.tenant = Some(selected.tenant.name.clone());
+    let limit = config.server.server.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(Error::RequestTooLarge { limit });
     }
+    check_path(request.method(), request.uri().path())?;
+    let tenant = &selected.tenant;
+    let up = &tenant.file.upstream;
+    let (parts, body) = request.into_parts();
+    let rest = parts
+        .uri
+        .path()
+        .strip_prefix("/v1")
+        .unwrap_or(parts.uri.path());
+    let mut url = format!("{}{}", tenant.upstream_base, rest);
+    if let Some(q) = parts.uri.query() {
+        url.push('?');
+        url.push_str(q);
+    }
+    let auth = tenant::upstream_auth(&selected);
+    let out_headers = headers::to_upstream(&parts.headers, &auth, false);
+    // A body without a length found over the limit on the way: a 413, not an upstream error.
+    let too_large = Arc::new(AtomicBool::new(false));
+    // A request that carries no body (neither Content-Length nor Transfer-Encoding, as the
+    // SDKs send DELETE and GET; or an HTTP/2 request whose headers end the stream) goes on
+    // without one: a wrapped stream, even an empty one, would be sent chunked.
+    let body = if body.is_end_stream() {
+        reqwest::Body::from(Bytes::new())
+    } else {
+        let over = too_large.clone();
+        let stream = Body::new(http_body_util::Limited::new(body, limit))
+            .into_data_stream()
+            .map_err(move |e| {
+                let e = e.into_inner();
+                if e.is::<http_body_util::LengthLimitError>() {
+                    over.store(true, Ordering::Relaxed);
+                }
+                std::io::Error::other(e)
+            });
+        reqwest::Body::wrap_stream(stream)
+    };
+    let client = state
+        .upstream
+        .client(Duration::from_secs(up.connect_timeout_s))?;
+    let timeout = Duration::from_secs(up.timeout_s);
+    done.upstream_started = Some(Instant::now());
+    let sent = upstream::send(
+        &client,
+        Outgoing {
+            method: parts.method,
+            url,
+            headers: out_headers,
+            body,
+            header_timeout: timeout,
+        },
+    )
     .await;
-    (name, upstream_took, result)
+    if sent.is_err() && too_large.load(Ordering::Relaxed) {
+        return Err(Error::RequestTooLarge { limit });
+    }
+    let resp = sent?;
+    Ok(Answer {
+        status: resp.status(),
+        // The body goes as it came, so its length still holds (a HEAD's is all it says).
+        headers: headers::to_client(resp.headers(), headers::Length::Keep),
+        body: upstream::relay::passthrough(resp, timeout),
+    })
+}
+
+/// Refuses a path the upstream would read as another one than the proxy routed (SPEC 3: "path
+/// forwarded unchanged", so it must mean the same on both sides). The upstream URL is built by
+/// the `url` crate, which resolves dot segments (`..`, `.`, `%2e`) and backslashes, and a
+/// provider may ignore empty segments, a trailing slash or percent-encoded letters. Without this
+/// check `POST /v1/x/../chat/completions` reached the provider as a chat completion that was
+/// never managed (no store, no pipeline, no role check, with the tenant's key), and
+/// `/v1/../../admin` left the upstream's base path with that key.
+fn check_path(method: &Method, path: &str) -> Result<()> {
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    if decoded.contains('\\') || decoded.split('/').any(|s| s == "." || s == "..") {
+        return Err(Error::invalid(
+            format!("Invalid path '{path}': dot segments and backslashes are not forwarded"),
+            None,
+        ));
+    }
+    let segments: Vec<&str> = decoded.split('/').filter(|s| !s.is_empty()).collect();
+    let managed = matches!(
+        segments.as_slice(),
+        ["v1", "chat", "completions"] | ["v1", "responses"]
+    );
+    if method == Method::POST && managed {
+        return Err(Error::invalid(
+            format!(
+                "Invalid path '{path}': send this request to /{} so that the proxy manages it",
+                segments.join("/")
+            ),
+            None,
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_mean_another_path_upstream_are_refused() {
+        for path in [
+            "/v1/x/../chat/completions",
+            "/v1/chat/./completions",
+            "/v1/chat/%2e/completions",
+            "/v1/models/%2E%2E/%2e%2e/secret",
+            "/v1/../../admin/secret",
+            "/v1/x\\y",
+            "/v1/x%5cy",
+        ] {
+            assert!(check_path(&Method::GET, path).is_err(), "{path}");
+        }
+        for path in [
+            "/v1/chat/completions/",
+            "/v1//chat/completions",
+            "/v1/chat/%63ompletions",
+            "/v1/responses/",
+        ] {
+            assert!(check_path(&Method::POST, path).is_err(), "{path}");
+            assert!(check_path(&Method::GET, path).is_ok(), "{path}");
+        }
+        for path in [
+            "/v1/models",
+            "/v1/models/ft:gpt-4o:org::abc",
+            "/v1/files/file-1/content",
+            "/v1/responses/resp_1/input_items",
+            "/v1/a..b/.hidden",
+            "/v1/models/a%2Fb",
+        ] {
+            assert!(check_path(&Method::POST, path).is_ok(), "{path}");
+        }
+    }
 }

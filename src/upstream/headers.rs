@@ -50,6 +50,8 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         if is_hop_by_hop(name)
             || listed.contains(name)
             || name == header::HOST
+            // The proxy answered `Expect: 100-continue` itself when it read the body.
+            || name == header::EXPECT
             || name.as_str().starts_with("x-ctxproxy-")
             || name == header::AUTHORIZATION
         {
@@ -82,12 +84,24 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
     out
 }
 
-/// The upstream's response headers as relayed to the client (framing is hyper's business).
-pub fn to_client(upstream: &HeaderMap) -> HeaderMap {
+/// Whether a response's `Content-Length` still holds for the body the client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Length {
+    /// The body is relayed byte for byte (pass-through): the length is the client's too.
+    Keep,
+    /// The proxy makes the body it sends: framing is hyper's business.
+    Drop,
+}
+
+/// The upstream's response headers as relayed to the client.
+pub fn to_client(upstream: &HeaderMap, length: Length) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(upstream.len());
     let listed = connection_listed(upstream);
     for (name, value) in upstream {
-        if is_hop_by_hop(name) || listed.contains(name) || name == header::CONTENT_LENGTH {
+        if is_hop_by_hop(name)
+            || listed.contains(name)
+            || (name == header::CONTENT_LENGTH && length == Length::Drop)
+        {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -130,12 +144,26 @@ mod tests {
             ("x-kept", "3"),
         ]);
         let up = to_upstream(&msg, &UpstreamAuth::Forward, false);
-        let down = to_client(&msg);
+        let down = to_client(&msg, Length::Drop);
         for out in [up, down] {
             assert!(out.get("x-drop-me").is_none());
             assert!(out.get("x-also").is_none());
             assert!(out.get("connection").is_none());
             assert_eq!(out["x-kept"], "3");
         }
+    }
+
+    #[test]
+    fn a_relayed_body_keeps_its_length_and_expect_stays_here() {
+        let msg = headers(&[("content-length", "5000"), ("expect", "100-continue")]);
+        assert_eq!(to_client(&msg, Length::Keep)["content-length"], "5000");
+        assert!(
+            to_client(&msg, Length::Drop)
+                .get("content-length")
+                .is_none()
+        );
+        let up = to_upstream(&msg, &UpstreamAuth::Forward, false);
+        assert!(up.get("expect").is_none());
+        assert_eq!(up["content-length"], "5000");
     }
 }

@@ -161,10 +161,13 @@ fn failure_error(failure: StreamFailure) -> Error {
 }
 
 /// Relays any body unchanged (pass-through routes), failing it if the upstream stalls for
-/// longer than `idle` between two chunks.
-pub fn passthrough(resp: reqwest::Response, idle: Duration) -> Body {
+/// longer than `idle` between two chunks (an error of kind `TimedOut`).
+pub fn passthrough(
+    resp: reqwest::Response,
+    idle: Duration,
+) -> impl futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
     let stream = resp.bytes_stream();
-    let timed = futures_util::stream::unfold(Some(stream), move |state| async move {
+    futures_util::stream::unfold(Some(stream), move |state| async move {
         let mut stream = state?;
         match tokio::time::timeout(idle, stream.next()).await {
             Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(stream))),
@@ -178,6 +181,5 @@ pub fn passthrough(resp: reqwest::Response, idle: Duration) -> Body {
                 None,
             )),
         }
-    });
-    Body::from_stream(timed)
+    })
 }
