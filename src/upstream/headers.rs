@@ -60,6 +60,13 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         if managed && (name == header::CONTENT_LENGTH || name == header::ACCEPT_ENCODING) {
             continue;
         }
+        // With the tenant's own key upstream, the organisation and project are the key's: a
+        // client must not pick another one the operator's key happens to belong to.
+        if matches!(auth, UpstreamAuth::Replace(_))
+            && matches!(name.as_str(), "openai-organization" | "openai-project")
+        {
+            continue;
+        }
         out.append(name.clone(), value.clone());
     }
     match auth {
@@ -165,5 +172,21 @@ mod tests {
         let up = to_upstream(&msg, &UpstreamAuth::Forward, false);
         assert!(up.get("expect").is_none());
         assert_eq!(up["content-length"], "5000");
+    }
+
+    #[test]
+    fn a_keyed_tenant_s_client_cannot_pick_the_organisation_or_project() {
+        let msg = headers(&[
+            ("openai-organization", "org-other"),
+            ("openai-project", "proj-other"),
+            ("x-kept", "1"),
+        ]);
+        let keyed = to_upstream(&msg, &UpstreamAuth::Replace(Some("sk-op".into())), false);
+        assert!(keyed.get("openai-organization").is_none());
+        assert!(keyed.get("openai-project").is_none());
+        assert_eq!(keyed["x-kept"], "1");
+        let open = to_upstream(&msg, &UpstreamAuth::Forward, false);
+        assert_eq!(open["openai-organization"], "org-other");
+        assert_eq!(open["openai-project"], "proj-other");
     }
 }
