@@ -322,3 +322,79 @@ async fn token_headers_report_before_and_after_rewriting() {
             .is_empty()
     );
 }
+
+/// SPEC 5.1 of a chat request as sent: the messages' formula plus 3.
+fn formula(encoding: ctxproxy::tokens::Encoding, messages: &[Value]) -> u64 {
+    let messages: Vec<ctxproxy::conversation::Message> = messages
+        .iter()
+        .map(|m| serde_json::from_value(m.clone()).unwrap())
+        .collect();
+    messages
+        .iter()
+        .map(|m| ctxproxy::tokens::message_tokens(encoding, m))
+        .sum::<u64>()
+        + 3
+}
+
+fn header_u64(resp: &reqwest::Response, name: &str) -> u64 {
+    resp.headers()[name].to_str().unwrap().parse().unwrap()
+}
+
+/// A message's id treats re-spelled JSON arguments as the same call (so a client that
+/// re-serialises them continues its conversation), but they are sent as spelled: a count cached
+/// for one spelling, in one session, must not stand for another in the next, or the request goes
+/// upstream over its budget.
+#[tokio::test]
+async fn re_spelled_arguments_are_counted_as_sent_and_the_budget_holds() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  token_budget:\n    max_tokens: 300\n";
+    let opts = ProxyOptions::default().only_tenant("default", tenant);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let mut args = serde_json::Map::new();
+    for k in 0..12 {
+        args.insert(format!("field_{k}"), json!([k, k + 1, k + 2, k + 3]));
+    }
+    let args = Value::Object(args);
+    let compact = args.to_string();
+    let mut pretty = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"        ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut pretty, formatter);
+    serde::Serialize::serialize(&args, &mut ser).unwrap();
+    let pretty = String::from_utf8(pretty).unwrap();
+    let conversation = |arguments: &str| {
+        json!([
+            {"role": "user", "content": "fill in the form"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+            {"role": "user", "content": "thanks, what next?"},
+        ])
+    };
+    let encoding = ctxproxy::tokens::Encoding::O200kBase;
+    let mut sent_in = Vec::new();
+    for (session, arguments) in [("s1", &compact), ("s2", &pretty)] {
+        let messages = conversation(arguments);
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", session)
+            .json(&json!({"model": "gpt-4o", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let want = formula(encoding, messages.as_array().unwrap());
+        assert_eq!(header_u64(&resp, "x-ctxproxy-tokens-in"), want, "{session}");
+        let out = header_u64(&resp, "x-ctxproxy-tokens-out");
+        let body = mock.requests().last().unwrap().body_json().unwrap();
+        let upstream = body["messages"].as_array().unwrap().clone();
+        assert_eq!(formula(encoding, &upstream), out, "{session}");
+        assert!(
+            out <= 300,
+            "{session}: {out} tokens sent over a budget of 300"
+        );
+        sent_in.push((want, upstream.len()));
+    }
+    // The compact spelling fits whole; the pretty one does not, so its history goes.
+    assert!(sent_in[0].0 <= 300 && sent_in[1].0 > 300, "{sent_in:?}");
+    assert_eq!(sent_in[0].1, 4);
+    assert_eq!(sent_in[1].1, 1);
+}

@@ -386,3 +386,79 @@ fn compression_leaves_a_late_result_in_the_current_turn_alone() {
     );
     assert_eq!(repaired(&out.report), [(3, RepairKind::MovedResult)]);
 }
+
+/// A history tool result with `content`, answering a call, then the current turn.
+fn result_of(content: Value) -> Vec<ctxproxy::conversation::Message> {
+    messages(&json!({"messages": [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "snap", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": content},
+        {"role": "user", "content": "and?"}
+    ]}))
+}
+
+/// Chat content parts keep their shape: text shortened in its part, an image that does not fit
+/// replaced by a chat text part saying so, one that fits kept (at 765 tokens).
+#[test]
+fn compression_keeps_content_parts_and_names_an_omitted_image() {
+    let image = json!({"type": "image_url", "image_url": {"url": "https://x/cat.png"}});
+    let content = json!([{"type": "text", "text": "word ".repeat(400)}, image, {"type": "text", "text": " the end"}]);
+    for (max, kept) in [(60, false), (1000, true)] {
+        let out = rewrite(&result_of(content.clone()), &compress_policy(max));
+        let parts = out.messages[2]
+            .content
+            .as_ref()
+            .unwrap()
+            .as_array()
+            .unwrap();
+        assert_eq!(parts.len(), 2, "{parts:?}");
+        assert_eq!(parts[0]["type"], "text");
+        assert!(parts[0]["text"].as_str().unwrap().ends_with(" the end"));
+        if kept {
+            assert_eq!(parts[1], image);
+        } else {
+            assert_eq!(parts[1], json!({"type": "text", "text": "[image omitted]"}));
+        }
+        let after =
+            ctxproxy::tokens::content_tokens(Encoding::O200kBase, out.messages[2].content.as_ref());
+        assert!(after <= max, "{max}: {after}");
+        assert_eq!(out.report.compressed[0].tokens_after, after);
+    }
+}
+
+/// A string and text parts with the same text are one message to the id, so one remembered
+/// compression: each still goes out in its own shape.
+#[test]
+fn a_remembered_compression_takes_the_shape_of_the_content_at_hand() {
+    let text = "word ".repeat(300);
+    let as_string = result_of(json!(text));
+    let as_parts = result_of(json!([{"type": "text", "text": text}]));
+    let ids = ctxproxy::conversation::chain_ids(&wire(&as_string));
+    assert_eq!(ids, ctxproxy::conversation::chain_ids(&wire(&as_parts)));
+    let counter = TokenCounter::new();
+    let p = compress_policy(50);
+    for (msgs, parts) in [(&as_string, false), (&as_parts, true), (&as_string, false)] {
+        let input = PipelineInput {
+            ids: Some(&ids),
+            ..PipelineInput::new(msgs, &p, O200K)
+        };
+        let out = run(input, &counter).unwrap();
+        let content = out.messages[2].content.as_ref().unwrap();
+        assert_eq!(content.is_array(), parts, "{content}");
+        let after = ctxproxy::tokens::content_tokens(Encoding::O200kBase, Some(content));
+        assert_eq!(out.report.compressed[0].tokens_after, after);
+        assert!(after <= 50);
+    }
+}
+
+/// A result that is a JSON string stays a JSON string (JSON keeps its shape).
+#[test]
+fn compression_keeps_a_json_string_a_json_string() {
+    let long = serde_json::to_string(&"a very long string, ".repeat(200)).unwrap();
+    let out = rewrite(&result_of(json!(long)), &compress_policy(40));
+    let text = out.messages[2].text_content();
+    let v: Value = serde_json::from_str(&text).expect("still JSON");
+    assert!(v.as_str().unwrap().contains("tokens omitted"), "{text}");
+    assert!(Encoding::O200kBase.count(&text) <= 40);
+}

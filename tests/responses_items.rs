@@ -628,3 +628,77 @@ fn an_unmodelled_item_is_counted_by_the_text_it_carries() {
         out.report.tokens_in
     );
 }
+
+/// A history `function_call_output` whose output is `parts`, then the current turn.
+fn output_of_parts(parts: Value) -> Vec<Value> {
+    vec![
+        json!({"role": "user", "content": "look"}),
+        json!({"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "c1", "output": parts}),
+        json!({"role": "user", "content": "and?"}),
+    ]
+}
+
+/// SPEC 5 step 4 on an output of parts: parts stay parts (text shortened in place), each image
+/// costs its flat 765, and one that does not fit becomes a text part saying so, never dropped
+/// silently; the result is at most N tokens and the report says what it costs.
+#[test]
+fn compressed_output_of_parts_keeps_its_parts_and_names_what_it_omits() {
+    let image = json!({"type": "input_image", "image_url": "data:image/png;base64,AAAA"});
+    let long = json!([{"type": "input_text", "text": "word ".repeat(300)}, image]);
+    let caption = json!([{"type": "input_text", "text": "a cat"}, image]);
+    for (parts, max) in [(&long, 50), (&caption, 50), (&long, 900)] {
+        let items = output_of_parts(parts.clone());
+        let conv = ItemMessages::new(None, &items);
+        let policy = json!({"compress_tool_output": {"max_tokens": max}});
+        let out = rewrite(&conv, policy);
+        let sent = to_items(&out.messages);
+        let output = sent[2]["output"].as_array().expect("still parts").clone();
+        let text = output[0]["text"].as_str().unwrap();
+        assert_eq!(output[0]["type"], "input_text", "{max}: {output:?}");
+        if max < 765 {
+            assert_eq!(
+                output[1],
+                json!({"type": "input_text", "text": "[image omitted]"})
+            );
+        } else {
+            assert_eq!(output[1], image, "an image that fits is kept");
+        }
+        if parts == &caption {
+            assert_eq!(text, "a cat");
+        } else {
+            assert!(text.contains("tokens omitted"), "{text}");
+        }
+        let tokens =
+            ctxproxy::tokens::content_tokens(Encoding::O200kBase, Some(&Value::Array(output)));
+        assert!(tokens <= max, "{max}: {tokens}");
+        let report = conv.report_in_items(out.report, &out.calls);
+        assert_eq!(report.compressed.len(), 1);
+        let c = &report.compressed[0];
+        assert_eq!((c.index, c.tokens_after), (2, tokens));
+        let before = ctxproxy::tokens::content_tokens(Encoding::O200kBase, Some(parts));
+        assert_eq!(c.tokens_before, before);
+        // What the report says is what the request's count lost.
+        assert_eq!(
+            report.tokens_in - report.tokens_out,
+            before - tokens,
+            "{max}"
+        );
+    }
+}
+
+/// The label `item:<type>` the mapping gives an unmodelled item is not sent: such an item
+/// costs 3 plus its text, and a trailing reasoning item 3.
+#[test]
+fn an_unmodelled_item_costs_no_role() {
+    let items = vec![
+        json!({"role": "user", "content": "find"}),
+        json!({"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "kyoto"}}),
+        json!({"type": "reasoning", "id": "rs_9", "summary": []}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let e = Encoding::O200kBase;
+    let search = ctxproxy::tokens::message_tokens(e, &conv.messages[1]);
+    assert_eq!(search, 3 + e.count(&conv.messages[1].text_content()));
+    assert_eq!(ctxproxy::tokens::message_tokens(e, &conv.messages[2]), 3);
+}

@@ -604,6 +604,64 @@ async fn legacy_functions_and_function_call_are_under_the_same_rules() {
     );
 }
 
+/// Everything sent upstream is counted (SPEC 5.1), the deprecated chat fields too: `functions`
+/// as `tools` is (its JSON; tokens-in as the client sent it, tokens-out after the role's cut),
+/// an assistant's `function_call` as a tool call and its `refusal` as text.
+#[tokio::test]
+async fn legacy_functions_calls_and_refusals_are_counted() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let functions = json!([
+        {"name": "search_web", "description": "search the web for anything at all"},
+        {"name": "delete_all", "description": "delete every record in every table"}
+    ]);
+    let messages = json!([
+        {"role": "user", "content": "find it"},
+        {"role": "assistant", "content": null,
+            "function_call": {"name": "search_web", "arguments": "{\"query\": \"the thing we talked about yesterday\"}"}},
+        {"role": "function", "name": "search_web", "content": "found"},
+        {"role": "assistant", "content": null, "refusal": "I cannot help with deleting every record."},
+        {"role": "user", "content": "ok"}
+    ]);
+    let encoding = ctxproxy::tokens::Encoding::O200kBase;
+    let formula: u64 = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let m: ctxproxy::conversation::Message = serde_json::from_value(m.clone()).unwrap();
+            ctxproxy::tokens::message_tokens(encoding, &m)
+        })
+        .sum::<u64>()
+        + 3;
+    let body = json!({"model": "gpt-4o", "messages": messages, "functions": functions});
+    let resp = chat(&proxy, "sk-viewer", body, None).await;
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["functions"], json!([functions[0]]));
+    assert_eq!(
+        header("x-ctxproxy-tokens-in"),
+        formula + encoding.count(&functions.to_string())
+    );
+    assert_eq!(
+        header("x-ctxproxy-tokens-out"),
+        formula + encoding.count(&sent["functions"].to_string())
+    );
+    // The call and the refusal are in the formula: without them the count is far less.
+    let calls_and_refusal = encoding.count("search_web")
+        + encoding.count("{\"query\": \"the thing we talked about yesterday\"}")
+        + encoding.count("I cannot help with deleting every record.");
+    let bare = messages.as_array().unwrap().iter().map(|m| {
+        let mut m = m.clone();
+        m.as_object_mut().unwrap().remove("function_call");
+        m.as_object_mut().unwrap().remove("refusal");
+        let m: ctxproxy::conversation::Message = serde_json::from_value(m).unwrap();
+        ctxproxy::tokens::message_tokens(encoding, &m)
+    });
+    assert_eq!(bare.sum::<u64>() + 3 + 3 + calls_and_refusal, formula);
+}
+
 /// A Responses `custom_tool_call` item in the current turn is checked by its `name`.
 #[tokio::test]
 async fn a_responses_custom_tool_call_in_the_current_turn_is_checked() {

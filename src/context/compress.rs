@@ -6,15 +6,19 @@
 //! top-level scalars are the last thing given up. The summariser reduces tool results with the
 //! same function ([`compress`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::policy::CompressToolOutput;
 use super::report::Compressed;
 use super::work::{Item, Work};
 use crate::conversation::Message;
-use crate::tokens::{Compressed as CompressedText, Encoding, message_tokens};
+use crate::tokens::{
+    Compressed as CompressedText, Encoding, NON_TEXT_PART_TOKENS, content_tokens, message_tokens,
+    part_text,
+};
 
 /// How hard one level squeezes JSON.
 #[derive(Clone, Copy)]
@@ -92,7 +96,35 @@ fn compress_counted(
     {
         return Some(out);
     }
+    if trimmed.starts_with('"')
+        && let Ok(Value::String(inner)) = serde_json::from_str::<Value>(text)
+        && let Some(out) = compress_json_string(encoding, &inner, max_tokens)
+    {
+        return Some(out);
+    }
     Some(compress_plain(encoding, text, tokens, max_tokens))
+}
+
+/// A top-level JSON string shortened as text inside its quotes, so that it stays a JSON string
+/// (JSON keeps its shape); `None` when not even `"…"` fits.
+fn compress_json_string(encoding: Encoding, inner: &str, max_tokens: u64) -> Option<String> {
+    let tokens = encoding.count(inner);
+    // The quotes (and any escapes) cost a little: start from what they leave and shrink.
+    let mut budget = max_tokens.saturating_sub(2);
+    loop {
+        let short = match compress_counted(encoding, inner, tokens, budget) {
+            Some(short) => short,
+            None => inner.to_string(),
+        };
+        let out = Value::String(short).to_string();
+        if fits(encoding, &out, max_tokens) {
+            return Some(out);
+        }
+        if budget == 0 {
+            return None;
+        }
+        budget -= (budget / 10).max(1);
+    }
 }
 
 fn fits(encoding: Encoding, text: &str, max_tokens: u64) -> bool {
@@ -237,7 +269,9 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
         if item.tokens <= max {
             continue;
         }
-        // An unchanged message with an id may have been compressed on an earlier turn.
+        // An unchanged message with an id may have been compressed on an earlier turn. What is
+        // remembered holds nothing of the content's shape (see `tokens::Compressed`), so a
+        // string and text parts that share an id share it rightly.
         let key = item
             .index
             .filter(|_| item.msg.is_borrowed())
@@ -255,10 +289,10 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
             }
         };
         let Some(result) = result else { continue };
-        item.msg
-            .set_content(Some(Value::String(result.text.clone())));
+        let content = shortened(item.msg.content.as_ref(), &result);
+        item.msg.set_content(Some(content));
         // The other fields cost `item.tokens - tokens_before` (see `compress_item`), so the
-        // shortened message costs that plus the new text, without tokenising it again.
+        // shortened message costs that plus the new content, without tokenising it again.
         item.tokens = item.tokens.saturating_sub(result.tokens_before) + result.tokens_after;
         if let Some(index) = item.index {
             done.push(Compressed {
@@ -272,6 +306,12 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &CompressToolOutput) {
 }
 
 /// Compresses one tool message's content, or `None` when it is within the limit.
+///
+/// A content of parts keeps its shape: its text (the text parts joined, shortened as one text so
+/// that JSON keeps its shape) goes in its first text part, and its non-text parts (765 tokens
+/// each) are kept while they fit, from the first; each of the others is replaced by a text part
+/// naming what was omitted (`[image omitted]`), never dropped silently. The text gets what the
+/// kept parts and the markers leave of the limit.
 fn compress_item(encoding: Encoding, item: &Item<'_>, max: u64) -> Option<CompressedText> {
     // The content's count is the message's less the other fields', which are short: this
     // spares tokenising a large result a second time.
@@ -282,26 +322,148 @@ fn compress_item(encoding: Encoding, item: &Item<'_>, max: u64) -> Option<Compre
     bare.tool_call_id = item.msg.tool_call_id.clone();
     bare.name = item.msg.name.clone();
     bare.tool_calls = item.msg.tool_calls.clone();
+    // What the count reads of `extra` (not the Responses mapping's copy of the items, which
+    // holds the whole result again).
+    bare.extra = ["refusal", "function_call"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), item.msg.extra.get(k)?.clone())))
+        .collect();
     let before = item.tokens.saturating_sub(message_tokens(encoding, &bare));
     if before <= max {
         return None;
     }
-    let text = item.msg.text_content();
+    let content = item.msg.content.as_ref();
+    let (text, non_text): (Option<Cow<'_, str>>, Vec<&Value>) = match content {
+        Some(Value::String(s)) => (Some(Cow::Borrowed(s)), Vec::new()),
+        Some(Value::Array(parts)) => {
+            let texts: Vec<&str> = parts.iter().filter_map(part_text).collect();
+            let text = (!texts.is_empty()).then(|| Cow::Owned(texts.concat()));
+            (
+                text,
+                parts.iter().filter(|p| part_text(p).is_none()).collect(),
+            )
+        }
+        // Not a shape OpenAI accepts for a result: left as it is.
+        _ => return None,
+    };
     // Repair's made-up result is not tool output; shortening it would only make a second run
     // differ from the first (repair adds it after this step).
-    if text == super::budget::NO_RESULT {
+    if text.as_deref() == Some(super::budget::NO_RESULT) {
         return None;
     }
-    let text_tokens = match &item.msg.content {
-        Some(Value::String(_)) => before,
-        _ => encoding.count(&text), // content parts: images are not part of the text
+    let text_tokens = match (content, &text) {
+        (Some(Value::String(_)), _) => before,
+        (_, Some(t)) => encoding.count(t),
+        (_, None) => 0,
     };
-    let short = compress_counted(encoding, &text, text_tokens, max)?;
-    Some(CompressedText {
-        tokens_after: encoding.count(&short),
-        text: short,
-        tokens_before: before,
-    })
+    // Non-text parts first, as many as fit beside the markers of the others.
+    let marker_tokens = |from: usize| -> u64 {
+        non_text[from..]
+            .iter()
+            .map(|p| encoding.count(&omitted(p)))
+            .sum()
+    };
+    let mut kept = non_text.len();
+    while kept > 0 && kept as u64 * NON_TEXT_PART_TOKENS + marker_tokens(kept) > max {
+        kept -= 1;
+    }
+    let mut budget = max
+        .saturating_sub(kept as u64 * NON_TEXT_PART_TOKENS)
+        .saturating_sub(marker_tokens(kept));
+    loop {
+        let short = match &text {
+            Some(t) if text_tokens > budget => compress_counted(encoding, t, text_tokens, budget),
+            _ => None,
+        }
+        .or_else(|| text.as_deref().map(str::to_string));
+        let result = CompressedText {
+            text: short,
+            kept_non_text: kept,
+            tokens_before: before,
+            tokens_after: 0,
+        };
+        // Counted as sent: joined with the markers, the text may not cost what it did alone.
+        let after = content_tokens(encoding, Some(&shortened(content, &result)));
+        // Within the limit, or as small as it honestly gets (markers alone over a tiny limit).
+        if after <= max || budget == 0 || text.is_none() {
+            return Some(CompressedText {
+                tokens_after: after,
+                ..result
+            });
+        }
+        budget -= (budget / 10).max(1);
+    }
+}
+
+/// `content` shortened as `result` says (see [`compress_item`]).
+fn shortened(content: Option<&Value>, result: &CompressedText) -> Value {
+    let Some(Value::Array(parts)) = content else {
+        return Value::String(result.text.clone().unwrap_or_default());
+    };
+    let mut out = Vec::with_capacity(parts.len());
+    let mut text_placed = false;
+    let mut non_text = 0;
+    for part in parts {
+        if part_text(part).is_none() {
+            out.push(if non_text < result.kept_non_text {
+                part.clone()
+            } else {
+                marker_part(part)
+            });
+            non_text += 1;
+        } else if !text_placed {
+            text_placed = true;
+            if let Some(text) = &result.text {
+                out.push(with_text(part, text));
+            }
+        }
+    }
+    Value::Array(out)
+}
+
+/// A text part like `part` (its type and other fields) holding `text`, without copying the text
+/// it held.
+fn with_text(part: &Value, text: &str) -> Value {
+    let key = match part.get("type").and_then(Value::as_str) {
+        Some("refusal") => "refusal",
+        _ => "text",
+    };
+    let Value::Object(fields) = part else {
+        return Value::String(text.into());
+    };
+    let mut out: Map<String, Value> = fields
+        .iter()
+        .filter(|(k, _)| k.as_str() != key)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.insert(key.into(), Value::String(text.into()));
+    Value::Object(out)
+}
+
+/// The text part put in place of a non-text part that does not fit.
+fn marker_part(part: &Value) -> Value {
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+    // A Responses part (`input_image`) is replaced by a Responses text part, a chat part by
+    // a chat one.
+    let text_type = if kind.starts_with("input_") {
+        "input_text"
+    } else {
+        "text"
+    };
+    json!({"type": text_type, "text": omitted(part)})
+}
+
+/// What [`marker_part`] says of `part`: `[image omitted]`, `[audio omitted]`, `[file omitted]`,
+/// or the part's own type.
+fn omitted(part: &Value) -> String {
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or("part");
+    let what = match kind {
+        "image_url" | "input_image" | "image" => "image",
+        "input_audio" | "audio" => "audio",
+        "input_file" | "file" => "file",
+        other => other,
+    };
+    format!("[{what} omitted]")
 }
 
 #[cfg(test)]

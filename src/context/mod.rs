@@ -81,6 +81,11 @@ pub struct PipelineInput<'a> {
     /// counts it (the request before rewriting, SPEC 3), `tokens_out` counts `tools`. `None`:
     /// both count `tools`.
     pub client_tools: Option<&'a Value>,
+    /// Chat's deprecated `functions` array as sent upstream, counted as `tools` is.
+    pub functions: Option<&'a Value>,
+    /// The `functions` array as the client sent it, when the role's cut changed it (as
+    /// `client_tools`).
+    pub client_functions: Option<&'a Value>,
     /// The tenant's policy merged over the server defaults.
     pub policy: &'a Policy,
     /// Encoding and context window of the request's model.
@@ -105,6 +110,8 @@ impl<'a> PipelineInput<'a> {
             ids: None,
             tools: None,
             client_tools: None,
+            functions: None,
+            client_functions: None,
             policy,
             model,
             summary: None,
@@ -229,7 +236,9 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
             input.messages.len()
         )));
     }
-    let tools_tokens = input.tools.map_or(0, |t| counter.tools(encoding, t));
+    // `functions` is sent beside `tools` and counted the same way (its JSON).
+    let json_tokens = |v: Option<&Value>| v.map_or(0, |t| counter.tools(encoding, t));
+    let tools_tokens = json_tokens(input.tools) + json_tokens(input.functions);
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for the whole conversation, new text tokenised together.
     let counts = counter.messages(encoding, input.messages, input.ids);
@@ -255,9 +264,8 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
         calls: Vec::new(),
         text_apart_from_calls: input.text_apart_from_calls,
     };
-    let client_tools_tokens = input
-        .client_tools
-        .map_or(tools_tokens, |t| counter.tools(encoding, t));
+    let client_tools_tokens = json_tokens(input.client_tools.or(input.tools))
+        + json_tokens(input.client_functions.or(input.functions));
     work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + client_tools_tokens;
 
     let policy = input.policy;

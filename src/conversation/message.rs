@@ -3,6 +3,9 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+/// How the role of a Responses item the proxy does not model begins (see [`Role::is_item`]).
+pub const ITEM_ROLE_PREFIX: &str = "item:";
+
 /// A message role. Unknown roles are kept verbatim so the proxy never rejects what the
 /// provider might accept.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,6 +35,12 @@ impl Role {
     /// System and developer messages carry instructions and are always kept.
     pub fn is_instruction(&self) -> bool {
         matches!(self, Role::System | Role::Developer)
+    }
+
+    /// The role the Responses mapping gives an item it does not model (`item:<type>`, see
+    /// `responses_items`): a label of the proxy's, never sent as a role.
+    pub fn is_item(&self) -> bool {
+        matches!(self, Role::Other(s) if s.starts_with(ITEM_ROLE_PREFIX))
     }
 }
 

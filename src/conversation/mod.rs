@@ -10,6 +10,6 @@ pub mod responses_items;
 
 pub use chat::ChatRequest;
 pub use identity::{MessageId, chain_ids, message_id};
-pub use message::{CustomCall, FunctionCall, Message, Role, ToolCall};
+pub use message::{CustomCall, FunctionCall, ITEM_ROLE_PREFIX, Message, Role, ToolCall};
 pub use responses::ResponsesRequest;
 pub use responses_items::ItemMessages;

@@ -51,6 +51,9 @@ pub struct ToolCut {
     /// The `tools` array as the client sent it, kept when the cut changed it: tokens-in counts
     /// the request as the client sent it, before rewriting (SPEC 3).
     pub client_tools: Option<Value>,
+    /// Likewise chat's deprecated `functions` array as the client sent it, kept when the cut
+    /// changed it.
+    pub client_functions: Option<Value>,
 }
 
 /// Resolves the role and cuts the request's `tools` to what it may use; a `tool_choice` naming
@@ -72,13 +75,17 @@ pub fn cut_tools(
         tools_in.as_deref().unwrap_or_default(),
     )?;
     access::check_tool_choice(call.tool_choice(), &allowed)?;
+    let mut client_functions = None;
     if let Some(body) = call.chat_extra_mut() {
+        let sent = body.get("functions").cloned();
         access::cut_legacy_functions(body, &allowed)?;
+        client_functions = sent.filter(|sent| body.get("functions") != Some(sent));
     }
     let Some(tools) = tools_in else {
         return Ok(ToolCut {
             allowed,
             client_tools: None,
+            client_functions,
         });
     };
     if !allowed.cut_anything(tools.len()) {
@@ -86,6 +93,7 @@ pub fn cut_tools(
         return Ok(ToolCut {
             allowed,
             client_tools: None,
+            client_functions,
         });
     }
     if allowed.kept.is_empty() {
@@ -96,6 +104,7 @@ pub fn cut_tools(
     Ok(ToolCut {
         allowed,
         client_tools: Some(Value::Array(tools)),
+        client_functions,
     })
 }
 
@@ -116,6 +125,10 @@ pub async fn rewrite(
     let allowed = cut.allowed.as_ref();
     let tools_json = call.tools_mut().clone().map(Value::Array);
     let client_tools = cut.client_tools.as_ref();
+    let functions_json = call
+        .chat_extra_mut()
+        .and_then(|body| body.get("functions"))
+        .cloned();
     let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
         offered: allowed.offered.clone(),
         scrub_history: tenant.file.tools.scrub_history,
@@ -138,6 +151,8 @@ pub async fn rewrite(
                 ids: Some(ids),
                 tools: tools_json.as_ref(),
                 client_tools,
+                functions: functions_json.as_ref(),
+                client_functions: cut.client_functions.as_ref(),
                 policy: &tenant.policy,
                 model: facts,
                 summary: None,

@@ -1,6 +1,8 @@
-//! Bounded caches of per-message token counts (and other per-message results), keyed by (encoding, message id). A message id
-//! chains the whole prefix, so a hit means "this exact message at this exact place in this
-//! conversation"; turn N+1 of a conversation then only tokenises what is new.
+//! Bounded caches of per-message token counts (and other per-message results), keyed by
+//! (encoding, message id, variant). A message id chains the whole prefix, so a hit means "this
+//! message at this place in this conversation"; turn N+1 of a conversation then only tokenises
+//! what is new. The variant tells apart what one id names but a count must not mix up (the
+//! spelling of a message's call arguments, see `tokens::spelling`; a compression limit).
 //!
 //! Bounded by two generations: inserts go to `young`; when `young` is full, `old` is discarded
 //! and `young` becomes `old`. A hit in `old` is promoted. This keeps recently used entries without
@@ -19,8 +21,8 @@ use crate::conversation::MessageId;
 
 use super::Encoding;
 
-/// Key of a per-message entry: encoding, message id, and a variant (0 for counts; the
-/// compression limit for compressed results).
+/// Key of a per-message entry: encoding, message id, and a variant (for counts, the spelling of
+/// what the id normalises; the compression limit for compressed results).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Key {
     encoding: Encoding,
@@ -135,20 +137,27 @@ impl<V: Clone> Memo<V> {
         self.put(&mut self.write(), key, value);
     }
 
-    /// The cached counts of many messages at once, parallel to `ids`: one read lock for all of
-    /// them, and one write lock only if some hits need promoting.
-    pub fn get_many(&self, encoding: Encoding, ids: &[MessageId]) -> Vec<Option<V>> {
-        let key = |id: &MessageId| Key {
-            encoding,
-            id: *id,
-            variant: 0,
+    /// The cached values of many messages at once, parallel to `ids` (each with the variant at
+    /// its position in `variants`): one read lock for all of them, and one write lock only if
+    /// some hits need promoting.
+    pub fn get_many(
+        &self,
+        encoding: Encoding,
+        ids: &[MessageId],
+        variants: &[u64],
+    ) -> Vec<Option<V>> {
+        let keys = || {
+            ids.iter().zip(variants).map(|(id, &variant)| Key {
+                encoding,
+                id: *id,
+                variant,
+            })
         };
         let mut out = Vec::with_capacity(ids.len());
         let mut in_old = false;
         {
             let maps = self.read();
-            for id in ids {
-                let k = key(id);
+            for k in keys() {
                 let hit = match maps.young.get(&k) {
                     Some(v) => Some(v.clone()),
                     None => {
@@ -162,8 +171,7 @@ impl<V: Clone> Memo<V> {
         }
         if in_old {
             let mut maps = self.write();
-            for id in ids {
-                let k = key(id);
+            for k in keys() {
                 if let Some(v) = maps.old.remove(&k) {
                     self.put(&mut maps, k, v);
                 }
@@ -172,22 +180,22 @@ impl<V: Clone> Memo<V> {
         out
     }
 
-    /// Records many counts under one write lock.
+    /// Records many values (each under its message id and variant) under one write lock.
     pub fn insert_many(
         &self,
         encoding: Encoding,
-        entries: impl IntoIterator<Item = (MessageId, V)>,
+        entries: impl IntoIterator<Item = (MessageId, u64, V)>,
     ) {
         let mut entries = entries.into_iter().peekable();
         if entries.peek().is_none() {
             return;
         }
         let mut maps = self.write();
-        for (id, value) in entries {
+        for (id, variant, value) in entries {
             let key = Key {
                 encoding,
                 id,
-                variant: 0,
+                variant,
             };
             self.put(&mut maps, key, value);
         }
@@ -273,12 +281,12 @@ mod tests {
         }
         // 0..4 went to `old` when 4 and 5 arrived.
         let ids: Vec<MessageId> = (0..7).map(id).collect();
-        let got = cache.get_many(Encoding::O200kBase, &ids);
+        let got = cache.get_many(Encoding::O200kBase, &ids, &[0; 7]);
         assert_eq!(
             got,
             vec![Some(0), Some(1), Some(2), Some(3), Some(4), Some(5), None]
         );
-        cache.insert_many(Encoding::O200kBase, [(id(6), 6), (id(7), 7)]);
+        cache.insert_many(Encoding::O200kBase, [(id(6), 0, 6), (id(7), 0, 7)]);
         assert_eq!(cache.get(Encoding::O200kBase, &id(7)), Some(7));
         assert!(cache.len() <= 2 * 4);
     }

@@ -3,15 +3,27 @@
 //! re-tokenised on every turn.
 //!
 //! The formula for one message:
-//! `3 + tokens(role) + tokens(text of content) + 765 × non-text parts
-//!  + (name ? 1 + tokens(name) : 0)
-//!  + Σ tool_calls (3 + tokens(function.name) + tokens(function.arguments))
-//!  + (tool_call_id ? tokens(tool_call_id) : 0)`;
-//! a request is the sum plus 3, plus the tokens of the `tools` JSON when given.
+//!
+//! ```text
+//! 3 + tokens(role) + tokens(text of content) + 765 × non-text parts + tokens(refusal)
+//!   + (name ? 1 + tokens(name) : 0)
+//!   + Σ tool_calls and a legacy function_call (3 + tokens(name) + tokens(arguments))
+//!   + (tool_call_id ? tokens(tool_call_id) : 0)
+//! ```
+//!
+//! A request is the sum plus 3, plus the tokens of the `tools` JSON (and of chat's deprecated
+//! `functions`) when given. Everything that goes upstream is counted: the budget and the context
+//! window check see only what is counted.
 //!
 //! Besides the per-message counts, the counter remembers the counts of a whole conversation by
 //! the chained id of its last message: turn N+1 then copies the first N counts in one piece and
 //! looks up only the new messages, so a warm turn's counting does not grow with N.
+//!
+//! Counts must be exact for what is sent, but a message id deliberately names some messages
+//! alike whose tokens differ: it hashes call arguments that are JSON normalised (so a client
+//! that re-serialises them continues its conversation). The cache is shared by every tenant,
+//! so its key adds a fast hash of those raw strings ([`spelling`]): whichever spelling comes
+//! first cannot set the count of the others.
 
 pub mod bpe;
 pub mod cache;
@@ -20,12 +32,13 @@ pub mod models;
 pub mod pretokenize;
 pub mod vocab;
 
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, LazyLock};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::conversation::{Message, MessageId};
+use crate::conversation::{Message, MessageId, ToolCall};
 
 pub use cache::{CountCache, Memo};
 pub use encoding::Encoding;
@@ -61,12 +74,21 @@ pub struct TokenCounter {
 
 /// A tool result as `compress_tool_output` shortened it, remembered per (encoding, message id,
 /// limit) so a long conversation's old results are not compressed again on every turn.
+///
+/// One id names a string content and a content of text parts with the same text alike, so
+/// this holds nothing of the content's shape: the shortened content is made from the message's
+/// own content and this (see `context::compress`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compressed {
-    pub text: String,
-    /// Tokens of the original content text.
+    /// The text of the content (a string, or its text parts joined) shortened; `None` when the
+    /// content has no text part.
+    pub text: Option<String>,
+    /// How many of the content's non-text parts are kept, from the first; the others are
+    /// replaced by a text part naming what was omitted.
+    pub kept_non_text: usize,
+    /// Tokens of the original content.
     pub tokens_before: u64,
-    /// Tokens of `text`.
+    /// Tokens of the shortened content.
     pub tokens_after: u64,
 }
 
@@ -115,12 +137,13 @@ impl TokenCounter {
 
     /// Tokens of one message whose chained id is `id`, from the cache when known.
     pub fn message_with_id(&self, encoding: Encoding, message: &Message, id: &MessageId) -> u64 {
-        if let Some(n) = self.cache.get(encoding, id) {
+        let variant = spelling(message);
+        if let Some(n) = self.cache.get_variant(encoding, id, variant) {
             return n;
         }
-        // Tokenise outside any lock; two threads racing on one id both store the same number.
+        // Tokenise outside any lock; two threads racing on one key both store the same number.
         let n = message_tokens(encoding, message);
-        self.cache.insert(encoding, id, n);
+        self.cache.insert_variant(encoding, id, variant, n);
         n
     }
 
@@ -151,9 +174,16 @@ impl TokenCounter {
         ids: Option<&[MessageId]>,
     ) -> Vec<u64> {
         let ids = ids.filter(|ids| ids.len() == messages.len());
+        // Each message's key is its id and its spelling; a prefix's, its last id and the
+        // spellings of all its messages chained.
+        let spellings: Vec<u64> = match ids {
+            Some(_) => messages.iter().map(spelling).collect(),
+            None => Vec::new(),
+        };
+        let chained = chain_spellings(&spellings);
         // The counts of an earlier turn of this conversation, in one piece.
         let mut counts: Vec<u64> = Vec::with_capacity(messages.len());
-        if let Some(known) = ids.and_then(|ids| self.known_prefix(encoding, ids)) {
+        if let Some(known) = ids.and_then(|ids| self.known_prefix(encoding, ids, &chained)) {
             counts.extend_from_slice(&known);
         }
         let start = counts.len();
@@ -161,7 +191,9 @@ impl TokenCounter {
             return counts; // the same conversation again
         }
         let cached = match ids {
-            Some(ids) => self.cache.get_many(encoding, &ids[start..]),
+            Some(ids) => self
+                .cache
+                .get_many(encoding, &ids[start..], &spellings[start..]),
             None => vec![None; messages.len()],
         };
         let missing: Vec<usize> = (start..messages.len())
@@ -171,34 +203,44 @@ impl TokenCounter {
         if let Some(ids) = ids {
             self.cache.insert_many(
                 encoding,
-                missing.iter().zip(&fresh).map(|(&p, &n)| (ids[p], n)),
+                missing
+                    .iter()
+                    .zip(&fresh)
+                    .map(|(&p, &n)| (ids[p], spellings[p], n)),
             );
         }
         counts.extend(cached.into_iter().map(|c| c.unwrap_or(0)));
         for (&p, n) in missing.iter().zip(fresh) {
             counts[p] = n;
         }
-        if let Some(last) = ids
+        if let Some((last, &variant)) = ids
             .filter(|ids| ids.len() >= PREFIX_MIN_MESSAGES)
             .and_then(<[_]>::last)
+            .zip(chained.last())
         {
             self.prefixes
-                .insert(encoding, last, Arc::from(counts.as_slice()));
+                .insert_variant(encoding, last, variant, Arc::from(counts.as_slice()));
         }
         counts
     }
 
     /// The remembered counts of the longest earlier conversation that `ids` continues (it ends
-    /// at one of the last [`PREFIX_PROBES`] ids), if any. A chained id fixes every message
-    /// before it, so those counts are this conversation's too.
-    fn known_prefix(&self, encoding: Encoding, ids: &[MessageId]) -> Option<Arc<[u64]>> {
+    /// at one of the last [`PREFIX_PROBES`] ids, with the same spellings up to there), if any.
+    /// A chained id fixes every message before it (up to the spelling of its arguments, which
+    /// `chained` fixes), so those counts are this conversation's too.
+    fn known_prefix(
+        &self,
+        encoding: Encoding,
+        ids: &[MessageId],
+        chained: &[u64],
+    ) -> Option<Arc<[u64]>> {
         if ids.len() < PREFIX_MIN_MESSAGES {
             return None;
         }
         let oldest = ids.len().saturating_sub(PREFIX_PROBES);
         (oldest..ids.len()).rev().find_map(|end| {
             self.prefixes
-                .get(encoding, &ids[end])
+                .get_variant(encoding, &ids[end], chained[end])
                 .filter(|counts| counts.len() == end + 1)
         })
     }
@@ -242,27 +284,98 @@ fn text_bytes(m: &Message) -> usize {
         Some(Value::Array(parts)) => parts.iter().filter_map(part_text).map(str::len).sum(),
         _ => 0,
     };
-    content
-        + m.tool_calls()
-            .iter()
-            .map(|c| c.arguments().len())
-            .sum::<usize>()
+    content + call_arguments(m).map(str::len).sum::<usize>() + refusal(m).map_or(0, str::len)
 }
 
 /// The SPEC 5.1 cost of one message, tokenised now.
 pub fn message_tokens(encoding: Encoding, m: &Message) -> u64 {
-    let mut n = MESSAGE_OVERHEAD + encoding.count(m.role.as_str());
+    let mut n = MESSAGE_OVERHEAD;
+    // An item the Responses mapping does not model is sent as it is, not as a message of a
+    // role: its label is no text the model reads.
+    if !m.role.is_item() {
+        n += encoding.count(m.role.as_str());
+    }
     n += content_tokens(encoding, m.content.as_ref());
-    if let Some(name) = &m.name {
+    if let Some(text) = refusal(m) {
+        n += encoding.count(text);
+    }
+    // An empty name is no name (and the message id, which ignores empty fields, agrees).
+    if let Some(name) = m.name.as_deref().filter(|n| !n.is_empty()) {
         n += 1 + encoding.count(name);
     }
     for call in m.tool_calls() {
         n += TOOL_CALL_OVERHEAD + encoding.count(call.name()) + encoding.count(call.arguments());
     }
+    if let Some((name, arguments)) = legacy_function_call(m) {
+        n += TOOL_CALL_OVERHEAD + encoding.count(name) + encoding.count(arguments);
+    }
     if let Some(id) = &m.tool_call_id {
         n += encoding.count(id);
     }
     n
+}
+
+/// The name and arguments of an assistant message's deprecated `function_call` (chat's one
+/// call before `tool_calls`), kept in `extra`; a missing part is empty.
+pub fn legacy_function_call(m: &Message) -> Option<(&str, &str)> {
+    let call = m.extra.get("function_call")?.as_object()?;
+    let text = |key: &str| call.get(key).and_then(Value::as_str).unwrap_or_default();
+    Some((text("name"), text("arguments")))
+}
+
+/// An assistant message's `refusal` text, kept in `extra`.
+fn refusal(m: &Message) -> Option<&str> {
+    m.extra.get("refusal").and_then(Value::as_str)
+}
+
+/// The arguments of every call of `m`, its legacy `function_call` last.
+fn call_arguments(m: &Message) -> impl Iterator<Item = &str> {
+    m.tool_calls()
+        .iter()
+        .map(ToolCall::arguments)
+        .chain(legacy_function_call(m).map(|(_, arguments)| arguments))
+}
+
+/// The process's seed for [`spelling`]: random, so that no one can make up two spellings that
+/// collide.
+static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
+
+/// A fast hash of what a message's count depends on that its id leaves out, 0 when nothing:
+/// the raw arguments of its calls (the id hashes JSON arguments compacted, keys sorted, `\u`
+/// escapes decoded, `35.0` as `35`), and the text of a content that is neither a string nor
+/// parts (counted as serialised; the id hashes it with sorted keys) or of an item the
+/// Responses mapping does not model (made from its fields in their order; the id sorts them).
+/// Everything else the count reads the id hashes as it is, or (text parts joined, empty fields
+/// left out) as what costs the same. Costs a pass over the arguments, not over the message.
+pub fn spelling(m: &Message) -> u64 {
+    let loose = match &m.content {
+        Some(Value::String(s)) if m.role.is_item() => Some(std::borrow::Cow::Borrowed(s.as_str())),
+        None | Some(Value::Null | Value::String(_) | Value::Array(_)) => None,
+        Some(other) => Some(std::borrow::Cow::Owned(other.to_string())),
+    };
+    let mut arguments = call_arguments(m).peekable();
+    if arguments.peek().is_none() && loose.is_none() {
+        return 0;
+    }
+    let mut h = SPELLING_SEED.build_hasher();
+    arguments.for_each(|a| a.hash(&mut h));
+    loose.hash(&mut h);
+    h.finish()
+}
+
+/// `spellings` chained, so that the value at `p` fixes the spellings of every message up to
+/// `p` (0 as long as they are all 0: a conversation without calls keys as it always did).
+fn chain_spellings(spellings: &[u64]) -> Vec<u64> {
+    let mut acc = 0u64;
+    spellings
+        .iter()
+        .map(|&s| {
+            if acc != 0 || s != 0 {
+                acc = SPELLING_SEED.hash_one((acc, s));
+            }
+            acc
+        })
+        .collect()
 }
 
 /// Tokens of a `content` value: the text of its text parts, plus a flat cost per other part.
@@ -287,12 +400,14 @@ pub fn content_tokens(encoding: Encoding, content: Option<&Value>) -> u64 {
 }
 
 /// The text of a text-like content part (`text`, `input_text`, `output_text`, `refusal`, or an
-/// untyped part with a `text` string); `None` for images, audio, files and the like.
+/// untyped part with a `text` string); `None` for images, audio, files and the like. A typed
+/// text part without a text string is empty text, not an image (and the id takes it so).
 pub fn part_text(part: &Value) -> Option<&str> {
     match part.get("type").and_then(Value::as_str) {
-        Some("text" | "input_text" | "output_text") | None => {
-            part.get("text").and_then(Value::as_str)
+        Some("text" | "input_text" | "output_text") => {
+            Some(part.get("text").and_then(Value::as_str).unwrap_or_default())
         }
+        None => part.get("text").and_then(Value::as_str),
         Some("refusal") => part.get("refusal").and_then(Value::as_str),
         Some(_) => None,
     }
@@ -370,6 +485,104 @@ mod tests {
             c.messages(e, &other, Some(&other_ids))[5],
             message_tokens(e, &other[5])
         );
+    }
+
+    /// An assistant message calling `f` with `args`, as wire JSON.
+    fn call_with(args: &str) -> Value {
+        json!({"role":"assistant","content":null,"tool_calls":[
+            {"id":"call_1","type":"function","function":{"name":"f","arguments":args}}]})
+    }
+
+    #[test]
+    fn re_spelled_arguments_are_counted_as_spelled() {
+        let e = Encoding::O200kBase;
+        let compact = r#"{"city":"Tokyo","n":35}"#;
+        let spaced = r#"{  "n" :  35.0 , "city" : "Tokyo" }"#;
+        // A short conversation (counts per message) and a long one (counts per prefix too).
+        for len in [3, 2 * PREFIX_MIN_MESSAGES] {
+            let c = TokenCounter::new();
+            let conversation = |args: &str| -> Vec<Value> {
+                let mut v: Vec<Value> = (0..len - 2)
+                    .map(|i| json!({"role":"user","content":format!("m{i}")}))
+                    .collect();
+                v.push(call_with(args));
+                v.push(json!({"role":"tool","tool_call_id":"call_1","content":"sunny"}));
+                v
+            };
+            let (a, b) = (conversation(compact), conversation(spaced));
+            let ids = crate::conversation::chain_ids(&a);
+            assert_eq!(ids, crate::conversation::chain_ids(&b), "one conversation");
+            for wire in [&a, &b, &a, &b] {
+                let messages: Vec<Message> = wire
+                    .iter()
+                    .map(|v| serde_json::from_value(v.clone()).unwrap())
+                    .collect();
+                let want: Vec<u64> = messages.iter().map(|m| message_tokens(e, m)).collect();
+                assert_eq!(c.messages(e, &messages, Some(&ids)), want, "{len}");
+                // The next turn, its prefix found in one piece.
+                let mut longer = messages.clone();
+                longer.push(Message::text(crate::conversation::Role::User, "next"));
+                let mut longer_ids = ids.clone();
+                longer_ids.push(MessageId([9; 32]));
+                let counted = c.messages(e, &longer, Some(&longer_ids));
+                assert_eq!(counted[..want.len()], want, "{len}");
+            }
+        }
+        let (a, b) = (msg(call_with(compact)), msg(call_with(spaced)));
+        assert!(message_tokens(e, &b) > message_tokens(e, &a));
+        let c = TokenCounter::new();
+        let id = crate::conversation::message_id(None, &call_with(compact));
+        assert_eq!(c.message_with_id(e, &a, &id), message_tokens(e, &a));
+        assert_eq!(c.message_with_id(e, &b, &id), message_tokens(e, &b));
+    }
+
+    #[test]
+    fn legacy_calls_refusals_and_empty_names_count_as_sent() {
+        let e = Encoding::Approximate;
+        // role "assistant" = 3; name "f" = 1; arguments "{\"a\":1}" (7 chars) = 2.
+        let legacy = msg(json!({"role":"assistant","content":null,
+            "function_call":{"name":"f","arguments":"{\"a\":1}"}}));
+        assert_eq!(message_tokens(e, &legacy), 3 + 3 + (3 + 1 + 2));
+        // A refusal is text: "I can't." (8 chars) = 2.
+        let refusal = msg(json!({"role":"assistant","content":null,"refusal":"I can't."}));
+        assert_eq!(message_tokens(e, &refusal), 3 + 3 + 2);
+        // An empty name is no name.
+        let unnamed = msg(json!({"role":"user","name":"","content":"abcd"}));
+        assert_eq!(message_tokens(e, &unnamed), 3 + 1 + 1);
+        // An item the Responses mapping does not model: its text, no role.
+        let mut item = Message::text(
+            crate::conversation::Role::Other("item:web_search_call".into()),
+            "abcd",
+        );
+        assert_eq!(message_tokens(e, &item), 3 + 1);
+        item.content = None;
+        assert_eq!(message_tokens(e, &item), 3);
+    }
+
+    #[test]
+    fn re_spelled_legacy_calls_and_item_text_are_counted_as_spelled() {
+        let e = Encoding::O200kBase;
+        let c = TokenCounter::new();
+        let legacy = |args: &str| {
+            json!({"role":"assistant","content":null,
+            "function_call":{"name":"f","arguments":args}})
+        };
+        let (a, b) = (legacy(r#"{"a":1}"#), legacy(r#"{ "a" : 1.0 }"#));
+        let id = crate::conversation::message_id(None, &a);
+        assert_eq!(id, crate::conversation::message_id(None, &b));
+        for v in [a, b] {
+            let m = msg(v);
+            assert_eq!(c.message_with_id(e, &m, &id), message_tokens(e, &m));
+        }
+        // The text of an unmodelled item comes in its fields' order, which its id sorts.
+        let id = MessageId([3; 32]);
+        for text in ["rust\nlang", "lang\nrust and more"] {
+            let m = Message::text(
+                crate::conversation::Role::Other("item:web_search_call".into()),
+                text,
+            );
+            assert_eq!(c.message_with_id(e, &m, &id), message_tokens(e, &m));
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::context::{
     CallChange, Change, PipelineInput, Policy, RemoveReason, Removed, RepairKind, Repaired, Report,
 };
-use crate::conversation::{Message, MessageId, Role, ToolCall, message_id};
+use crate::conversation::{ITEM_ROLE_PREFIX, Message, MessageId, Role, ToolCall, message_id};
 use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
@@ -422,7 +422,7 @@ fn opaque(items: &[Value]) -> Message {
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("unknown");
-    let mut m = Message::text(Role::Other(format!("item:{kind}")), "");
+    let mut m = Message::text(Role::Other(format!("{ITEM_ROLE_PREFIX}{kind}")), "");
     m.content = (kind != "reasoning")
         .then(|| item_text(main))
         .filter(|text| !text.is_empty())
