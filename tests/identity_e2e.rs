@@ -232,3 +232,39 @@ async fn re_serialised_tool_arguments_continue_the_branch() {
     assert_eq!(branches.len(), 1, "{branches:?}");
     assert_eq!(branches[0].len(), 4, "{branches:?}");
 }
+
+/// A framework that names its agents (LangGraph's `create_react_agent(..., name=...)`) resends
+/// each reply with that `name` and without the fields it does not model: the turn still finds
+/// its session by auto matching (no session header) and stays on one branch.
+#[tokio::test]
+async fn a_reply_resent_with_its_agent_s_name_continues_the_session() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let user = json!({"role": "user", "content": r#"call get_weather {"city":"Tokyo"}"#});
+    let first = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "m", "messages": [user]}))
+        .send()
+        .await
+        .unwrap();
+    let session = first.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let reply: Value = first.json().await.unwrap();
+    let stored = &reply["choices"][0]["message"];
+    let resent = json!({"role": "assistant", "content": null, "name": "weather_agent",
+        "tool_calls": stored["tool_calls"]});
+    let result = json!({"role": "tool", "tool_call_id": stored["tool_calls"][0]["id"],
+        "content": "sunny"});
+    let second = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(&json!({"model": "m", "messages": [user, resent, result]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.headers()["x-ctxproxy-session"], session.as_str());
+    let branches = stored_branches(&proxy, &session).await;
+    assert_eq!(branches.len(), 1, "{branches:?}");
+    assert_eq!(branches[0].len(), 4, "{branches:?}");
+}

@@ -702,3 +702,28 @@ fn an_unmodelled_item_costs_no_role() {
     assert_eq!(search, 3 + e.count(&conv.messages[1].text_content()));
     assert_eq!(ctxproxy::tokens::message_tokens(e, &conv.messages[2]), 3);
 }
+
+/// A computer-use screenshot (a data URL), an image part in a tool's output or an image
+/// generation's base64 result costs what an image costs (SPEC 5.1: a flat 765), never its base64
+/// read as text: a computer-use loop sends one per turn, all in the current turn, and counted as
+/// text they made every request "over the context window".
+#[test]
+fn images_in_unmodelled_items_cost_what_an_image_costs() {
+    let base64 = format!("data:image/png;base64,{}", "iVBORw0KGgo".repeat(20_000));
+    let items = vec![
+        json!({"role": "user", "content": "open the settings"}),
+        json!({"type": "computer_call", "id": "cu_1", "call_id": "cc1", "action": {"type": "screenshot"}, "pending_safety_checks": [], "status": "completed"}),
+        json!({"type": "computer_call_output", "call_id": "cc1", "output": {"type": "computer_screenshot", "image_url": base64}}),
+        json!({"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "iVBORw0KGgo".repeat(20_000)}),
+        json!({"type": "mcp_call", "id": "mcp_1", "name": "snap", "arguments": "{}", "output": base64, "server_label": "s"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({}));
+    assert_eq!(to_items(&out.messages), items, "sent as received");
+    // Five messages: 3 each; the user's text; the call's action; three images; the MCP call's
+    // name, arguments and label: far below the base64's ~100k tokens.
+    let tokens = out.report.tokens_in;
+    assert!((3 * 765..3 * 765 + 100).contains(&tokens), "{tokens}");
+    let screenshot = &conv.messages[2];
+    assert_eq!(screenshot.content, Some(json!([{"type": "input_image"}])));
+}

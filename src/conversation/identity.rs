@@ -112,8 +112,14 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
         Some("item_reference") => &["id"],
         _ => &[],
     };
+    // An assistant's `name` is the client's label, not the model's: frameworks add it to replies
+    // they resend (LangGraph's named agents), which the proxy stored without one.
+    let assistant = obj.get("role").and_then(Value::as_str) == Some("assistant");
     let mut out = Vec::with_capacity(MESSAGE_FIELDS.len() + extra.len());
     for key in MESSAGE_FIELDS {
+        if assistant && key == "name" {
+            continue;
+        }
         let Some(v) = obj.get(key).filter(present) else {
             continue;
         };
@@ -739,6 +745,19 @@ mod tests {
             ),
             message_id(None, &call(r#"{"lat":35.5,"big":1.2345678901234568e29}"#))
         );
+    }
+
+    /// A reply resent with the name a framework gave its agent (LangGraph's `name=`) is the
+    /// reply the proxy stored; a user's `name` still counts.
+    #[test]
+    fn an_assistant_s_name_does_not_count() {
+        let reply = json!({"role":"assistant","content":null,"refusal":null,"annotations":[],
+            "tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]});
+        let resent = json!({"role":"assistant","content":null,"name":"weather_agent",
+            "tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]});
+        assert_eq!(message_id(None, &reply), message_id(None, &resent));
+        let user = |name: &str| json!({"role":"user","content":"hi","name":name});
+        assert_ne!(message_id(None, &user("a")), message_id(None, &user("b")));
     }
 
     #[test]

@@ -211,6 +211,23 @@ pub(crate) fn history_mode(headers: &HeaderMap, tenant: &Tenant) -> Result<Histo
     }
 }
 
+/// A chat request with no messages in client mode is a conversation of nothing: nothing to store
+/// or send (OpenAI refuses it too), refused before a session is made. `chat`: the request is a
+/// chat completion (a Responses `input` may be empty beside a `previous_response_id`).
+pub(crate) fn check_not_empty(
+    incoming: &[serde_json::Value],
+    chat: bool,
+    mode: HistoryMode,
+) -> Result<()> {
+    if incoming.is_empty() && chat && mode == HistoryMode::Client {
+        return Err(Error::invalid(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+            Some("messages".to_string()),
+        ));
+    }
+    Ok(())
+}
+
 /// Where a request's stored side is kept while the upstream works.
 struct Prepared {
     call: Call,
@@ -261,13 +278,7 @@ async fn prepare(
         wire: incoming,
         typed,
     } = call.take_conversation()?;
-    if incoming.is_empty() && typed.is_some() && mode == HistoryMode::Client {
-        // Nothing to store or send (OpenAI refuses it too): refused before a session is made.
-        return Err(Error::invalid(
-            "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-            Some("messages".to_string()),
-        ));
-    }
+    check_not_empty(&incoming, typed.is_some(), mode)?;
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     let previous = match call.previous_response_id() {
         Some(id) => {

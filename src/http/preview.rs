@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::body::read_limited;
 use super::call::{Call, Taken};
-use super::managed::{Endpoint, history_mode};
+use super::managed::{Endpoint, check_not_empty, history_mode};
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
 use crate::app::AppState;
@@ -55,6 +55,7 @@ async fn preview(
         wire: incoming,
         typed,
     } = call.take_conversation()?;
+    check_not_empty(&incoming, typed.is_some(), mode)?;
 
     // Only a session the client names is read; a preview never creates or guesses one.
     let named = match headers.get(tenant.file.session.header.as_str()) {

@@ -110,6 +110,10 @@ fn check_item_fields(i: usize, item: &Map<String, Value>) -> Result<()> {
     };
     let text_or_parts = |v: &Value| v.is_string() || v.is_array();
     match item.get("type").and_then(Value::as_str) {
+        // An item reference may leave out its `type`: `{"id": "msg_…"}`.
+        None if item.get("role").is_none() && item.get("id").is_some_and(Value::is_string) => {
+            Ok(())
+        }
         None | Some("message") => {
             if item.get("role").is_none() {
                 return Err(Error::invalid(
@@ -288,6 +292,11 @@ mod tests {
             )),
             "tools[0]"
         );
+        // An item reference without its (optional) type is an item, not a message.
+        for reference in [json!({"id": "msg_1"}), json!({"type": null, "id": "msg_1"})] {
+            let input = json!([{"role": "user", "content": "q"}, reference]);
+            assert!(responses(json!({"model": "m", "input": input})).is_ok());
+        }
         let user = json!({"role": "user", "content": "q"});
         assert_eq!(
             param(chat(

@@ -38,7 +38,7 @@ use std::sync::{Arc, LazyLock};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::conversation::{Message, MessageId, ToolCall};
+use crate::conversation::{Message, MessageId, Role, ToolCall};
 
 pub use cache::{CountCache, Memo};
 pub use encoding::Encoding;
@@ -341,7 +341,7 @@ fn call_arguments(m: &Message) -> impl Iterator<Item = &str> {
 static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
 /// A fast hash of what a message's count depends on that its id leaves out, 0 when nothing:
-/// the raw arguments of its calls (the id hashes JSON arguments compacted, keys sorted, `\u`
+/// an assistant's `name`, the raw arguments of its calls (the id hashes JSON arguments compacted, keys sorted, `\u`
 /// escapes decoded, `35.0` as `35`), and the text of a content that is neither a string nor
 /// parts (counted as serialised; the id hashes it with sorted keys) or of an item the
 /// Responses mapping does not model (made from its fields in their order; the id sorts them).
@@ -350,16 +350,29 @@ static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Defa
 pub fn spelling(m: &Message) -> u64 {
     let loose = match &m.content {
         Some(Value::String(s)) if m.role.is_item() => Some(std::borrow::Cow::Borrowed(s.as_str())),
+        // An item with media: its text part (the media parts are a count the id fixes).
+        Some(Value::Array(parts)) if m.role.is_item() => parts
+            .first()
+            .and_then(|p| p.get("text"))
+            .and_then(Value::as_str)
+            .map(std::borrow::Cow::Borrowed),
         None | Some(Value::Null | Value::String(_) | Value::Array(_)) => None,
         Some(other) => Some(std::borrow::Cow::Owned(other.to_string())),
     };
+    // The id leaves out an assistant's `name` (a framework's label on a resent reply); the
+    // count does not.
+    let name = m
+        .name
+        .as_deref()
+        .filter(|n| m.role == Role::Assistant && !n.is_empty());
     let mut arguments = call_arguments(m).peekable();
-    if arguments.peek().is_none() && loose.is_none() {
+    if arguments.peek().is_none() && loose.is_none() && name.is_none() {
         return 0;
     }
     let mut h = SPELLING_SEED.build_hasher();
     arguments.for_each(|a| a.hash(&mut h));
     loose.hash(&mut h);
+    name.hash(&mut h);
     h.finish()
 }
 
@@ -491,6 +504,25 @@ mod tests {
     fn call_with(args: &str) -> Value {
         json!({"role":"assistant","content":null,"tool_calls":[
             {"id":"call_1","type":"function","function":{"name":"f","arguments":args}}]})
+    }
+
+    #[test]
+    fn an_assistant_named_by_its_framework_is_counted_with_its_name() {
+        let e = Encoding::O200kBase;
+        let reply = json!({"role":"assistant","content":"It is sunny."});
+        let named = json!({"role":"assistant","content":"It is sunny.","name":"weather_agent"});
+        let id = crate::conversation::message_id(None, &reply);
+        assert_eq!(
+            id,
+            crate::conversation::message_id(None, &named),
+            "one message"
+        );
+        let c = TokenCounter::new();
+        for v in [&reply, &named, &reply, &named] {
+            let m = msg(v.clone());
+            assert_eq!(c.message_with_id(e, &m, &id), message_tokens(e, &m));
+        }
+        assert!(message_tokens(e, &msg(named)) > message_tokens(e, &msg(reply)));
     }
 
     #[test]

@@ -210,6 +210,16 @@ async fn a_chat_request_without_messages_is_refused_and_stores_nothing(b: Backen
     assert!(mock.requests().is_empty());
     let (status, _) = proxy.admin_get("/ctxproxy/v1/sessions/default/empty").await;
     assert_eq!(status, 404, "no session was made");
+    // The preview answers as the real call does.
+    let preview = client()
+        .post(proxy.url("/ctxproxy/v1/preview/chat/completions"))
+        .json(&request(&[]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preview.status(), 400);
+    let body: Value = preview.json().await.unwrap();
+    assert_eq!(assert_openai_error(&body)["param"], "messages");
 }
 
 on_both_backends!(

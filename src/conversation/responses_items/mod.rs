@@ -423,48 +423,87 @@ fn opaque(items: &[Value]) -> Message {
         .and_then(Value::as_str)
         .unwrap_or("unknown");
     let mut m = Message::text(Role::Other(format!("{ITEM_ROLE_PREFIX}{kind}")), "");
-    m.content = (kind != "reasoning")
-        .then(|| item_text(main))
-        .filter(|text| !text.is_empty())
-        .map(Value::String);
+    if kind != "reasoning" {
+        m.content = ItemContent::of(main).into_content();
+    }
     with_originals(m, items)
 }
 
-/// The text an item the proxy does not model sends the model (a `web_search_call`'s query, an
-/// `mcp_call`'s arguments and output, a `file_search_call`'s results), as the content of its
-/// message: so that it is counted in the tokens (SPEC 5.1: the text of the message) and the
-/// budget and the context window check see it, and a summary reads it. Every string at any depth
-/// but names and markers (`id`, `type`, `status`, `call_id`), `encrypted_content` (opaque to the
-/// model's input) and an image generation's base64 `result`. The item itself is always sent as
-/// received: this text is never emitted. A trailing `reasoning` item keeps no text, as OpenAI
-/// does not send earlier turns' reasoning to the model.
-fn item_text(item: &Value) -> String {
-    fn walk(v: &Value, out: &mut String) {
+/// What an item the proxy does not model sends the model (a `web_search_call`'s query, an
+/// `mcp_call`'s arguments and output, a `file_search_call`'s results, a `computer_call_output`'s
+/// screenshot), as the content of its message: so that it is counted in the tokens (SPEC 5.1),
+/// the budget and the context window check see it, and a summary reads it. The item itself is
+/// always sent as received: this content is never emitted. A trailing `reasoning` item has none,
+/// as OpenAI does not send earlier turns' reasoning to the model.
+#[derive(Default)]
+struct ItemContent {
+    /// Every string at any depth but names and markers (`id`, `type`, `status`, `call_id`) and
+    /// `encrypted_content` (opaque to the model's input), one per line.
+    text: String,
+    /// Images and files (a part of such a type, an `image_url` or `file_data`, a data URL, an
+    /// image generation's `result`): each costs the flat price of a non-text part, as SPEC 5.1
+    /// prices them, never its base64 as text.
+    media: usize,
+}
+
+impl ItemContent {
+    fn of(item: &Value) -> ItemContent {
+        let mut out = ItemContent::default();
+        out.walk(item);
+        out
+    }
+
+    fn walk(&mut self, v: &Value) {
         match v {
+            Value::String(s) if s.starts_with("data:") => self.media += 1,
             Value::String(s) => {
-                if !out.is_empty() {
-                    out.push('\n');
+                if !self.text.is_empty() {
+                    self.text.push('\n');
                 }
-                out.push_str(s);
+                self.text.push_str(s);
             }
-            Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            Value::Array(items) => items.iter().for_each(|i| self.walk(i)),
             Value::Object(fields) => {
-                let image =
-                    fields.get("type").and_then(Value::as_str) == Some("image_generation_call");
+                let kind = fields.get("type").and_then(Value::as_str);
+                if kind.is_some_and(is_media_part) {
+                    self.media += 1;
+                    return;
+                }
                 for (key, v) in fields {
-                    let skip = matches!(
-                        key.as_str(),
-                        "id" | "type" | "status" | "call_id" | "encrypted_content"
-                    ) || (image && key == "result");
-                    if !skip {
-                        walk(v, out);
+                    match key.as_str() {
+                        "id" | "type" | "status" | "call_id" | "encrypted_content" => {}
+                        "image_url" | "file_data" => self.media += 1,
+                        "result" if kind == Some("image_generation_call") => self.media += 1,
+                        _ => self.walk(v),
                     }
                 }
             }
             _ => {}
         }
     }
-    let mut out = String::new();
-    walk(item, &mut out);
-    out
+
+    /// The message content: the text alone, or (with media) a text part and one part per
+    /// medium, which the counter prices as non-text parts.
+    fn into_content(self) -> Option<Value> {
+        match (self.text.is_empty(), self.media) {
+            (true, 0) => None,
+            (false, 0) => Some(Value::String(self.text)),
+            (_, media) => {
+                let text = (!self.text.is_empty())
+                    .then(|| json!({"type": "input_text", "text": self.text}));
+                let parts = text
+                    .into_iter()
+                    .chain(std::iter::repeat_n(json!({"type": "input_image"}), media));
+                Some(Value::Array(parts.collect()))
+            }
+        }
+    }
+}
+
+/// Content part types that are not text.
+fn is_media_part(kind: &str) -> bool {
+    matches!(
+        kind,
+        "input_image" | "input_file" | "input_audio" | "computer_screenshot" | "image_url"
+    )
 }
