@@ -58,10 +58,12 @@ const MESSAGE_FIELDS: [&str; 11] = [
 const REASONING_FIELDS: [&str; 3] = ["encrypted_content", "id", "summary"];
 
 /// Item types the canonical form picks fields from; any other `type` is hashed whole.
-const MODELLED_TYPES: [&str; 5] = [
+const MODELLED_TYPES: [&str; 7] = [
     "message",
     "function_call",
     "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
     "reasoning",
     "item_reference",
 ];
@@ -110,6 +112,9 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
     let extra: &[&str] = match kind {
         Some("reasoning") => &REASONING_FIELDS,
         Some("item_reference") => &["id"],
+        // A custom tool's call is known as a function call is, its free-text `input` standing
+        // for `arguments` (compared as written).
+        Some("custom_tool_call") => &["input"],
         _ => &[],
     };
     // An assistant's `name` is the client's label, not the model's: frameworks add it to replies
@@ -689,6 +694,37 @@ mod tests {
         };
         assert_ne!(message_id(None, &call("ls")), message_id(None, &call("rm")));
         assert_eq!(message_id(None, &call("ls")), message_id(None, &call("ls")));
+    }
+
+    /// A Responses custom tool call is known as a function call is: by its `call_id`, `name` and
+    /// `input`, not by the item's `id` or `status` (an SDK may resend it without them).
+    #[test]
+    fn responses_custom_tool_calls_are_known_like_function_calls() {
+        let call = |input: &str, id: Option<&str>| {
+            let mut v =
+                json!({"type":"custom_tool_call","call_id":"c1","name":"shell","input":input});
+            if let Some(id) = id {
+                v["id"] = json!(id);
+                v["status"] = json!("completed");
+            }
+            v
+        };
+        let id = message_id(None, &call("ls", Some("ctc_1")));
+        assert_eq!(id, message_id(None, &call("ls", None)));
+        assert_ne!(id, message_id(None, &call("rm", Some("ctc_1"))));
+        let output =
+            |out: &str| json!({"type":"custom_tool_call_output","call_id":"c1","output":out});
+        assert_ne!(
+            message_id(None, &output("a")),
+            message_id(None, &output("b"))
+        );
+        assert_ne!(
+            message_id(None, &output("a")),
+            message_id(
+                None,
+                &json!({"type":"function_call_output","call_id":"c1","output":"a"})
+            )
+        );
     }
 
     #[test]
