@@ -726,4 +726,15 @@ fn images_in_unmodelled_items_cost_what_an_image_costs() {
     assert!((3 * 765..3 * 765 + 100).contains(&tokens), "{tokens}");
     let screenshot = &conv.messages[2];
     assert_eq!(screenshot.content, Some(json!([{"type": "input_image"}])));
+    // Text that merely begins with `data:` is text.
+    for text in [
+        "data: event 0 payload",
+        "data: GDP 2024",
+        "data:text/plain,hello",
+    ] {
+        let item =
+            json!({"type": "mcp_call", "id": "m", "name": "n", "arguments": "{}", "output": text});
+        let conv = ItemMessages::new(None, &[item]);
+        assert!(conv.messages[0].text_content().contains(text), "{text}");
+    }
 }

@@ -109,9 +109,13 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
         out.sort_unstable_by(|a, b| a.0.cmp(b.0));
         return out;
     }
+    // An item reference may leave out its `type` (`{"id": "msg_…"}`): it is known by its id,
+    // as the typed one is, or every reference would be the same message.
+    let untyped_reference = kind.is_none() && !obj.contains_key("role") && obj.contains_key("id");
     let extra: &[&str] = match kind {
         Some("reasoning") => &REASONING_FIELDS,
         Some("item_reference") => &["id"],
+        None if untyped_reference => &["id"],
         // A custom tool's call is known as a function call is, its free-text `input` standing
         // for `arguments` (compared as written).
         Some("custom_tool_call") => &["input"],
@@ -182,8 +186,8 @@ fn arguments<'a>(v: &'a Value, raw: Part<'a>) -> Part<'a> {
 fn whole_numbers_as_integers(v: &mut Value) {
     const EXACT: f64 = 9_007_199_254_740_992.0;
     match v {
-        Value::Number(n) if n.is_f64() => {
-            if let Some(f) = n.as_f64()
+        Value::Number(n) => {
+            if let Some(f) = as_float(n)
                 && f.fract() == 0.0
                 && f.abs() <= EXACT
             {
@@ -280,9 +284,10 @@ fn sorted(v: &Value, prune: bool) -> Value {
 /// refused and are hashed as written.
 fn as_float(n: &serde_json::Number) -> Option<f64> {
     if n.is_u64() || n.is_i64() {
-        return None;
+        // `-0` was parsed into the float `-0.0` (the sign kept), not into the integer 0.
+        return (n.as_str() == "-0").then_some(-0.0);
     }
-    n.to_string().parse::<f64>().ok().filter(|f| f.is_finite())
+    n.as_str().parse::<f64>().ok().filter(|f| f.is_finite())
 }
 
 /// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
@@ -696,6 +701,17 @@ mod tests {
         assert_eq!(message_id(None, &call("ls")), message_id(None, &call("ls")));
     }
 
+    #[test]
+    fn untyped_item_references_differ_by_their_id() {
+        let a = json!({"id": "msg_A"});
+        let b = json!({"id": "msg_B"});
+        assert_ne!(message_id(None, &a), message_id(None, &b));
+        assert_eq!(
+            message_id(None, &a),
+            message_id(None, &json!({"id": "msg_A"}))
+        );
+    }
+
     /// A Responses custom tool call is known as a function call is: by its `call_id`, `name` and
     /// `input`, not by the item's `id` or `status` (an SDK may resend it without them).
     #[test]
@@ -780,6 +796,16 @@ mod tests {
                 &call(r#"{"lat":35.50,"big":123456789012345678901234567890}"#)
             ),
             message_id(None, &call(r#"{"lat":35.5,"big":1.2345678901234568e29}"#))
+        );
+        // `-0` was the float -0.0: a whole number in arguments (so `0`, as JavaScript and
+        // Python write it back), and written `-0.0` elsewhere, as before.
+        assert_eq!(
+            message_id(None, &call(r#"{"a":-0}"#)),
+            message_id(None, &call(r#"{"a":0}"#))
+        );
+        assert_eq!(
+            serde_json::to_string(&canonical(&parse(r#"{"type":"future_item","x":-0}"#))).unwrap(),
+            r#"{"type":"future_item","x":-0.0}"#
         );
     }
 

@@ -455,7 +455,7 @@ impl ItemContent {
 
     fn walk(&mut self, v: &Value) {
         match v {
-            Value::String(s) if s.starts_with("data:") => self.media += 1,
+            Value::String(s) if is_base64_data_url(s) => self.media += 1,
             Value::String(s) => {
                 if !self.text.is_empty() {
                     self.text.push('\n');
@@ -472,7 +472,9 @@ impl ItemContent {
                 for (key, v) in fields {
                     match key.as_str() {
                         "id" | "type" | "status" | "call_id" | "encrypted_content" => {}
-                        "image_url" | "file_data" => self.media += 1,
+                        "image_url" | "file_data" if v.is_string() || v.is_object() => {
+                            self.media += 1
+                        }
                         "result" if kind == Some("image_generation_call") => self.media += 1,
                         _ => self.walk(v),
                     }
@@ -498,6 +500,22 @@ impl ItemContent {
             }
         }
     }
+}
+
+/// A `data:<type>/<subtype>[;…];base64,` URL (an image or file inline), not text that merely
+/// begins with `data:` (an event log, `data: GDP 2024`).
+fn is_base64_data_url(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("data:") else {
+        return false;
+    };
+    let Some((header, _)) = rest.split_once(',') else {
+        return false;
+    };
+    let mime = header.split(';').next().unwrap_or_default();
+    header.ends_with(";base64")
+        && mime.split_once('/').is_some_and(|(kind, sub)| {
+            !kind.is_empty() && !sub.is_empty() && !mime.contains(char::is_whitespace)
+        })
 }
 
 /// Content part types that are not text.
