@@ -250,9 +250,16 @@ fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
     let plan = plan_summary(&summary_policy(history - 1, 100, 4), &entries, None, 0).unwrap();
     assert_eq!(plan.from, 1);
     assert_eq!(plan.history_tokens, history);
+    // The kept history is the newest that fits the target and begins at a user message (as the
+    // budget's does): from the user message before it, it would not fit.
     let rest: u64 = tokens[plan.until + 1..history_end].iter().sum();
-    let last_segment: u64 = tokens[plan.until - 1..=plan.until].iter().sum();
-    assert!(rest <= 100 && rest + last_segment > 100, "{plan:?}");
+    assert_eq!(msgs[plan.until + 1].role, Role::User, "{plan:?}");
+    let earlier_user = msgs[..=plan.until]
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .unwrap();
+    let from_earlier: u64 = tokens[earlier_user..history_end].iter().sum();
+    assert!(rest <= 100 && from_earlier > 100, "{plan:?}");
     // a rolling summary starts after what the previous one covers
     let prev = StoredSummary {
         text: "x".into(),

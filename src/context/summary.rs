@@ -144,7 +144,8 @@ impl<'m> Entry<'m> {
 /// the history (entries before the last `user` message, less what `previous` covers, plus
 /// `previous_tokens`) exceeds `trigger_tokens` and has at least `min_messages` uncovered
 /// messages. The plan covers the oldest uncovered history, leaving the newest whole segments that
-/// fit in `target_tokens - previous_tokens` (the new summary is assumed no larger than the old).
+/// fit in `target_tokens - previous_tokens` (the new summary is assumed no larger than the old),
+/// from a user message on.
 pub fn plan_summary(
     policy: &SummaryPolicy,
     entries: &[Entry<'_>],
@@ -193,6 +194,12 @@ pub fn plan_summary(
         }
         kept += t;
         keep_start = seg.start;
+    }
+    // The kept history begins at a user message, as the token budget's does: a conversation
+    // that goes on system, summary, assistant is refused by chat templates that want the roles
+    // to alternate (vLLM's Mistral and Llama templates, some compatibility layers).
+    while keep_start < history_end && entries[keep_start].message.role != Role::User {
+        keep_start += 1;
     }
     if keep_start <= from {
         return None;
