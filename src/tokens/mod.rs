@@ -341,9 +341,9 @@ fn call_arguments(m: &Message) -> impl Iterator<Item = &str> {
 static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
 /// A fast hash of what a message's count depends on that its id leaves out, 0 when nothing:
-/// an assistant's `name`, the raw arguments of its calls (the id hashes JSON arguments compacted, keys sorted, `\u`
-/// escapes decoded, `35.0` as `35`), and the text of a content that is neither a string nor
-/// parts (counted as serialised; the id hashes it with sorted keys) or of an item the
+/// an assistant's `name`, the raw arguments of its calls (the id hashes JSON arguments
+/// compacted, keys sorted, `\u` escapes decoded, `35.0` as `35`), and the text of a content
+/// that is neither a string nor parts (counted as serialised; the id hashes it with sorted keys) or of an item the
 /// Responses mapping does not model (made from its fields in their order; the id sorts them).
 /// Everything else the count reads the id hashes as it is, or (text parts joined, empty fields
 /// left out) as what costs the same. Costs a pass over the arguments, not over the message.
