@@ -228,6 +228,19 @@ pub(crate) fn check_not_empty(
     Ok(())
 }
 
+/// Whether a successful answer to a streamed request is its event stream: `text/event-stream` in
+/// any case (media types are case-insensitive), and also any type that is not JSON or none at
+/// all, as some OpenAI-compatible servers send their streams (`text/plain`, no header). Only a
+/// JSON answer is an upstream that ignored `stream` and answered whole. Read otherwise, a
+/// stream was held back until it ended, cut at the tenant's timeout, and never stored.
+fn is_event_stream(content_type: Option<&HeaderValue>) -> bool {
+    let Some(v) = content_type.and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let media = v.split(';').next().unwrap_or_default().trim();
+    media.eq_ignore_ascii_case("text/event-stream") || !media.to_ascii_lowercase().contains("json")
+}
+
 /// Where a request's stored side is kept while the upstream works.
 struct Prepared {
     call: Call,
@@ -479,11 +492,7 @@ async fn send(
         resp_headers.insert(TOKENS_IN_HEADER, HeaderValue::from(r.tokens_in));
         resp_headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(r.tokens_out));
     }
-    let is_sse = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let is_sse = is_event_stream(resp.headers().get(header::CONTENT_TYPE));
 
     if status.is_success() && call.is_stream() && is_sse {
         let stream_log = log.clone();
@@ -564,5 +573,32 @@ async fn until_aborted<T>(
     tokio::select! {
         done = work => done,
         () = state.abort.cancelled() => Err(Error::ShuttingDown),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streamed_answer_is_an_event_stream_unless_it_is_json() {
+        let ct = |v: &str| HeaderValue::from_str(v).unwrap();
+        for v in [
+            "text/event-stream",
+            "text/event-stream; charset=utf-8",
+            "Text/Event-Stream",
+            "text/plain",
+            "application/octet-stream",
+        ] {
+            assert!(is_event_stream(Some(&ct(v))), "{v}");
+        }
+        assert!(is_event_stream(None));
+        for v in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+        ] {
+            assert!(!is_event_stream(Some(&ct(v))), "{v}");
+        }
     }
 }

@@ -98,7 +98,7 @@ pub struct StreamAccumulator {
 #[derive(Debug, Default)]
 struct ChoiceDeltas {
     role: Option<String>,
-    content: Option<String>,
+    content: ContentDeltas,
     refusal: Option<String>,
     tool_calls: BTreeMap<u64, ToolCallDeltas>,
     finish_reason: Option<Value>,
@@ -107,12 +107,98 @@ struct ChoiceDeltas {
     extra: Map<String, Value>,
 }
 
+/// A choice's streamed `content`: text fragments, or, from a server that streams content parts
+/// (Mistral's thinking and text chunks), parts, the text fragments before and between them as
+/// text parts. Adjacent text parts are joined.
+#[derive(Debug, Default)]
+enum ContentDeltas {
+    #[default]
+    None,
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+impl ContentDeltas {
+    fn push_text(&mut self, text: &str) {
+        match self {
+            ContentDeltas::None => *self = ContentDeltas::Text(text.to_string()),
+            ContentDeltas::Text(acc) => acc.push_str(text),
+            ContentDeltas::Parts(parts) => push_part(parts, &json!({"type": "text", "text": text})),
+        }
+    }
+
+    fn push_parts(&mut self, new: &[Value]) {
+        let parts = match std::mem::take(self) {
+            ContentDeltas::None => Vec::new(),
+            ContentDeltas::Text(text) if text.is_empty() => Vec::new(),
+            ContentDeltas::Text(text) => vec![json!({"type": "text", "text": text})],
+            ContentDeltas::Parts(parts) => parts,
+        };
+        let mut parts = parts;
+        for part in new {
+            push_part(&mut parts, part);
+        }
+        *self = ContentDeltas::Parts(parts);
+    }
+
+    fn finish(self) -> Value {
+        match self {
+            ContentDeltas::None => Value::Null,
+            ContentDeltas::Text(text) => Value::String(text),
+            ContentDeltas::Parts(parts) => Value::Array(parts),
+        }
+    }
+}
+
+/// Appends `part`, joining it to the last part when both are plain text parts.
+fn push_part(parts: &mut Vec<Value>, part: &Value) {
+    let text_of = |p: &Value| -> Option<String> {
+        let obj = p.as_object()?;
+        (obj.len() == 2 && obj.get("type")? == "text")
+            .then(|| obj.get("text")?.as_str().map(str::to_string))
+            .flatten()
+    };
+    if let (Some(new), Some(last)) = (text_of(part), parts.last_mut())
+        && text_of(last).is_some()
+        && let Some(Value::String(acc)) = last.get_mut("text")
+    {
+        acc.push_str(&new);
+        return;
+    }
+    parts.push(part.clone());
+}
+
 /// One streamed tool call's fields, merged as the SDK merges deltas, so a custom tool call
 /// (`custom.name`, `custom.input` fragments) and fields the proxy does not know are rebuilt as
 /// they came, not forced into a `function` shape.
 #[derive(Debug, Default)]
 struct ToolCallDeltas {
     fields: Map<String, Value>,
+}
+
+impl ChoiceDeltas {
+    /// Where a tool call delta without an `index` goes (Gemini's OpenAI endpoint sends none,
+    /// parallel calls included): to the call with its `id`, or a new call when the id is new;
+    /// a delta without an id continues the last call.
+    fn call_without_index(&self, call: &Value) -> u64 {
+        let last = self.tool_calls.keys().next_back().copied();
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty());
+        let Some(id) = id else {
+            return last.unwrap_or(0);
+        };
+        let known = self
+            .tool_calls
+            .iter()
+            .find(|(_, c)| c.fields.get("id").and_then(Value::as_str) == Some(id));
+        match (known, last) {
+            (Some((&ci, _)), _) => ci,
+            (None, Some(last)) => last + 1,
+            (None, None) => 0,
+        }
+    }
 }
 
 impl ToolCallDeltas {
@@ -126,6 +212,21 @@ impl ToolCallDeltas {
                 "id" | "type" => {
                     if value.as_str().is_some_and(|v| !v.is_empty()) {
                         self.fields.insert(key.clone(), value.clone());
+                    }
+                }
+                // Some servers repeat the whole name in every chunk: a name equal to the one
+                // accumulated is that repeat, not a fragment to append.
+                "function" | "custom" => {
+                    let repeated = value.get("name").is_some_and(|name| {
+                        self.fields.get(key).and_then(|f| f.get("name")) == Some(name)
+                    });
+                    match value {
+                        Value::Object(f) if repeated => {
+                            let mut rest = f.clone();
+                            rest.remove("name");
+                            merge_delta(&mut self.fields, key, &Value::Object(rest));
+                        }
+                        _ => merge_delta(&mut self.fields, key, value),
                     }
                 }
                 _ => merge_delta(&mut self.fields, key, value),
@@ -203,6 +304,11 @@ impl StreamAccumulator {
     }
 
     fn event(&mut self, event: SseEvent) {
+        // What comes after `[DONE]` is not part of the answer: the client's SDK stopped there
+        // (whether it arrived in the same read or a later one).
+        if self.done {
+            return;
+        }
         if event.data == "[DONE]" {
             self.done = true;
             return;
@@ -235,7 +341,11 @@ impl StreamAccumulator {
         for choice in choices {
             let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
             let acc = self.chat.entry(index).or_default();
-            if let Some(fr) = choice.get("finish_reason").filter(|f| !f.is_null()) {
+            // Some servers send `""` on every chunk before the real one: no reason yet.
+            if let Some(fr) = choice
+                .get("finish_reason")
+                .filter(|f| !f.is_null() && f.as_str() != Some(""))
+            {
                 acc.finish_reason = Some(fr.clone());
             }
             let Some(delta) = choice.get("delta") else {
@@ -244,8 +354,10 @@ impl StreamAccumulator {
             if let Some(role) = delta.get("role").and_then(Value::as_str) {
                 acc.role = Some(role.to_string());
             }
-            if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                acc.content.get_or_insert_with(String::new).push_str(text);
+            match delta.get("content") {
+                Some(Value::String(text)) => acc.content.push_text(text),
+                Some(Value::Array(parts)) => acc.content.push_parts(parts),
+                _ => {}
             }
             if let Some(text) = delta.get("refusal").and_then(Value::as_str) {
                 acc.refusal.get_or_insert_with(String::new).push_str(text);
@@ -261,7 +373,10 @@ impl StreamAccumulator {
                 .into_iter()
                 .flatten()
             {
-                let ci = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let ci = match call.get("index").and_then(Value::as_u64) {
+                    Some(ci) => ci,
+                    None => acc.call_without_index(call),
+                };
                 acc.tool_calls.entry(ci).or_default().feed(call);
             }
         }
@@ -276,10 +391,7 @@ impl StreamAccumulator {
                 "role".into(),
                 Value::String(acc.role.unwrap_or_else(|| "assistant".into())),
             );
-            message.insert(
-                "content".into(),
-                acc.content.map(Value::String).unwrap_or(Value::Null),
-            );
+            message.insert("content".into(), acc.content.finish());
             message.insert(
                 "refusal".into(),
                 acc.refusal.map(Value::String).unwrap_or(Value::Null),
@@ -547,6 +659,107 @@ mod tests {
         assert_eq!(reply.messages, [item]);
         assert_eq!(reply.id.as_deref(), Some("resp_2"));
         assert_eq!(reply.usage, Some(json!({"input_tokens":3})));
+    }
+
+    fn chat_reply(chunks: &[Value]) -> Streamed {
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&sse(chunks));
+        acc.finish()
+    }
+
+    /// Gemini's OpenAI endpoint sends tool call deltas without `index`, parallel calls too
+    /// (in chunks of their own or in one): each new id is a call of its own.
+    #[test]
+    fn tool_calls_without_an_index_are_told_apart_by_their_id() {
+        let call = |id: &str, name: &str, args: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+        let delta =
+            |calls: Vec<Value>| json!({"choices":[{"index":0,"delta":{"tool_calls":calls}}]});
+        let end = json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]});
+        let want = json!([
+            {"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Tokyo\"}"}},
+            {"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{}"}}
+        ]);
+        let apart = chat_reply(&[
+            delta(vec![call("call_a", "get_weather", "{\"city\": ")]),
+            delta(vec![json!({"function": {"arguments": "\"Tokyo\"}"}})]),
+            delta(vec![call("call_b", "get_time", "{}")]),
+            end.clone(),
+        ]);
+        assert_eq!(apart.reply.messages[0]["tool_calls"], want);
+        let together = chat_reply(&[
+            delta(vec![
+                call("call_a", "get_weather", "{\"city\": \"Tokyo\"}"),
+                call("call_b", "get_time", "{}"),
+            ]),
+            end,
+        ]);
+        assert_eq!(together.reply.messages[0]["tool_calls"], want);
+    }
+
+    /// Some servers repeat the tool's whole name (and id, type) in every delta.
+    #[test]
+    fn a_tool_name_repeated_in_every_delta_is_kept_once() {
+        let delta = |args: &str| {
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function",
+                "function":{"name":"get_weather","arguments":args}}]}}]})
+        };
+        let out = chat_reply(&[
+            delta("{\"city\""),
+            delta(": \"Paris\"}"),
+            delta(""),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ]);
+        assert_eq!(
+            out.reply.messages[0]["tool_calls"],
+            json!([{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}])
+        );
+    }
+
+    /// Mistral's reasoning models stream `content` as parts (thinking, then text): every part is
+    /// kept, with the text fragments before and after them as text parts.
+    #[test]
+    fn content_streamed_as_parts_is_kept_whole() {
+        let content = |c: Value| json!({"choices":[{"index":0,"delta":{"content":c}}]});
+        let out = chat_reply(&[
+            content(json!("")),
+            content(json!([{"type":"thinking","thinking":[{"type":"text","text":"Let me see."}]}])),
+            content(json!([{"type":"text","text":"Answer "}])),
+            content(json!("here.")),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ]);
+        assert_eq!(
+            out.reply.messages[0]["content"],
+            json!([
+                {"type":"thinking","thinking":[{"type":"text","text":"Let me see."}]},
+                {"type":"text","text":"Answer here."}
+            ])
+        );
+    }
+
+    /// `"finish_reason": ""` on every chunk is no reason yet: a stream that then stops without
+    /// a real one is cut short, not a whole answer.
+    #[test]
+    fn an_empty_finish_reason_is_no_finish_reason() {
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        let chunk =
+            json!({"choices":[{"index":0,"delta":{"content":"Hello "},"finish_reason":""}]});
+        acc.feed(format!("data: {chunk}\n\n").as_bytes());
+        assert_eq!(acc.finish().failure, Some(StreamFailure::CutShort));
+    }
+
+    /// What follows `[DONE]`, in the same read or a later one, is not part of the answer.
+    #[test]
+    fn events_after_done_are_not_the_answer() {
+        let text = |t: &str| json!({"choices":[{"index":0,"delta":{"content":t}}]});
+        let end = json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]});
+        let body = format!(
+            "data: {}\n\ndata: {end}\n\ndata: [DONE]\n\ndata: {}\n\n",
+            text("the end"),
+            text(" EXTRA")
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(body.as_bytes());
+        assert_eq!(acc.finish().reply.messages[0]["content"], "the end");
     }
 
     #[test]
