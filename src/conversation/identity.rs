@@ -287,7 +287,12 @@ fn as_float(n: &serde_json::Number) -> Option<f64> {
         // `-0` was parsed into the float `-0.0` (the sign kept), not into the integer 0.
         return (n.as_str() == "-0").then_some(-0.0);
     }
-    n.as_str().parse::<f64>().ok().filter(|f| f.is_finite())
+    // serde_json's own float parsing, not `str::parse`: without its `float_roundtrip` feature
+    // it lands some 17-digit decimals one unit in the last place away from the nearest `f64`
+    // (`-122.41941550000001` as `-122.4194155`), and that is the value old ids hashed.
+    serde_json::from_str::<f64>(n.as_str())
+        .ok()
+        .filter(|f| f.is_finite())
 }
 
 /// Text content parts are reduced to their text so `"hi"` and `[{"type":"text","text":"hi"}]`
@@ -796,6 +801,21 @@ mod tests {
                 &call(r#"{"lat":35.50,"big":123456789012345678901234567890}"#)
             ),
             message_id(None, &call(r#"{"lat":35.5,"big":1.2345678901234568e29}"#))
+        );
+        // 17-digit decimals hash as serde_json parsed them before, some one unit in the last
+        // place off (pinned: the leaf id the build of 8aa133d stored for this conversation).
+        let conversation = [
+            json!({"role": "user", "content": "where?"}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_x",
+                "type": "function", "function": {"name": "locate", "arguments":
+                "{\"lat\": -122.41941550000001, \"lon\": 142.83524983787783, \"z\": 2.6460608043459066}"}}]}),
+            json!({"role": "tool", "content": "ok", "tool_call_id": "call_x"}),
+            json!({"role": "assistant", "content": "ok: 3 messages", "refusal": null,
+                "annotations": []}),
+        ];
+        assert_eq!(
+            chain_ids(&conversation).last().unwrap().to_hex(),
+            "ad0fdde294f9d3fa16e27b9c4912d691c5c80869f3e01de900590a3ff71c2450"
         );
         // `-0` was the float -0.0: a whole number in arguments (so `0`, as JavaScript and
         // Python write it back), and written `-0.0` elsewhere, as before.

@@ -70,6 +70,22 @@ pub(crate) const POSTGRES: &[Migration] = &[
 /// Version 0 is not a migration but the row runners lock to exclude each other.
 pub(crate) const LOCK_ROW: i64 = 0;
 
+/// Refuses a database that a newer ctxproxy migrated: this binary does not know what those
+/// migrations added, and serving on would ignore it (an older binary dropped the upstream root
+/// of a Responses chain, which then went upstream without it). `applied`: the versions in the
+/// database; `known`: this binary's migrations.
+pub(crate) fn refuse_newer(applied: &[i64], known: &[Migration]) -> crate::Result<()> {
+    let ours = known.iter().map(|m| m.version).max().unwrap_or(0);
+    match applied.iter().copied().filter(|&v| v > ours).max() {
+        Some(newest) => Err(crate::Error::StoreUnavailable(format!(
+            "the database has migration {newest}, newer than this ctxproxy knows (up to \
+             {ours}): it was migrated by a newer version; run that version, or restore a \
+             backup taken before the upgrade"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Checks an applied migration against the embedded one.
 pub(crate) fn verify(m: &Migration, applied_checksum: &str) -> crate::Result<()> {
     if m.checksum() == applied_checksum {
@@ -79,5 +95,21 @@ pub(crate) fn verify(m: &Migration, applied_checksum: &str) -> crate::Result<()>
             "migration {} ({}) was changed after it was applied",
             m.version, m.description
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_migrated_by_a_newer_version_is_refused() {
+        let ours = SQLITE.iter().map(|m| m.version).max().unwrap();
+        assert!(refuse_newer(&[1, 2, ours], SQLITE).is_ok());
+        assert!(refuse_newer(&[], POSTGRES).is_ok());
+        let err = refuse_newer(&[1, ours + 1], SQLITE)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("newer"), "{err}");
     }
 }

@@ -90,6 +90,8 @@ impl PostgresStore {
                 .bind(LOCK_ROW)
                 .fetch_all(&mut *tx)
                 .await?;
+        let versions: Vec<i64> = applied.iter().map(|(v, _)| *v).collect();
+        migrations::refuse_newer(&versions, migrations::POSTGRES)?;
         for m in migrations::POSTGRES {
             if let Some((_, sum)) = applied.iter().find(|(v, _)| *v == m.version) {
                 migrations::verify(m, sum)?;

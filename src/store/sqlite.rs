@@ -235,6 +235,8 @@ fn run_migrations(conn: &Connection) -> Result<()> {
         .prepare("SELECT version, checksum FROM ctxproxy_migrations WHERE version <> ?")?
         .query_map([LOCK_ROW], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
+    let versions: Vec<i64> = applied.iter().map(|(v, _)| *v).collect();
+    migrations::refuse_newer(&versions, migrations::SQLITE)?;
     for m in migrations::SQLITE {
         if let Some((_, sum)) = applied.iter().find(|(v, _)| *v == m.version) {
             migrations::verify(m, sum)?;

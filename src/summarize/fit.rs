@@ -5,6 +5,7 @@
 
 use crate::context::segments::segments;
 use crate::context::{Entry, SummaryPlan};
+use crate::conversation::Role;
 
 /// `plan` cut to at most `cap` tokens of messages (`entries`: the conversation the plan was made
 /// over), always keeping at least its first segment so a session can never be stuck without
@@ -15,6 +16,10 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
     let end = entries.partition_point(|e| e.index <= plan.until);
     let mut total = 0u64;
     let mut until = None;
+    // The last cut after which a user message comes: the kept history then begins at one, as
+    // `plan_summary` made it (some chat templates refuse system, summary, assistant). Any
+    // segment boundary only when no such cut fits.
+    let mut at_user = None;
     for seg in segments(|pos| entries[pos].message, start..end) {
         let t: u64 = entries[seg.clone()].iter().map(|e| e.tokens).sum();
         if until.is_some() && total + t > cap {
@@ -22,9 +27,15 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
         }
         total += t;
         until = Some(entries[seg.end - 1].index);
+        if entries
+            .get(seg.end)
+            .is_none_or(|next| next.message.role == Role::User)
+        {
+            at_user = until;
+        }
     }
     SummaryPlan {
-        until: until.unwrap_or(plan.until),
+        until: at_user.or(until).unwrap_or(plan.until),
         ..plan
     }
 }
@@ -68,6 +79,24 @@ mod tests {
         assert_eq!(fit_plan(plan(0, 4), &entries, 25).until, 0);
         assert_eq!(fit_plan(plan(0, 4), &entries, 30).until, 2);
         assert_eq!(fit_plan(plan(0, 4), &entries, 1000).until, 4);
+    }
+
+    /// The cut leaves the kept history beginning at a user message when one such cut fits.
+    #[test]
+    fn the_cut_leaves_a_user_message_first() {
+        let msgs = vec![
+            Message::text(Role::User, "a"),
+            Message::text(Role::Assistant, "x"),
+            Message::text(Role::User, "b"),
+            Message::text(Role::Assistant, "y"),
+            Message::text(Role::User, "c"),
+        ];
+        let entries = Entry::given(&msgs, &[10; 5]);
+        // 30 tokens reach past "b"; the cut goes after "x" so that "b" comes first.
+        assert_eq!(fit_plan(plan(0, 3), &entries, 30).until, 1);
+        assert_eq!(fit_plan(plan(0, 3), &entries, 40).until, 3);
+        // No such cut fits: any boundary, as before.
+        assert_eq!(fit_plan(plan(0, 3), &entries, 10).until, 0);
     }
 
     #[test]
