@@ -270,6 +270,37 @@ fn summary_is_planned_over_the_oldest_history_once_over_the_trigger() {
     assert!(msgs[plan.until + 1].role != Role::Tool);
 }
 
+/// An agent's run: one question, many calls, an answer, then the next question. No user
+/// message is left in the newest history that fits the target, so the newest segments are kept
+/// as they are (the answer the user replies to among them) rather than summarising everything.
+#[test]
+fn an_agent_run_keeps_its_newest_segments_after_a_summary() {
+    let mut wire = vec![
+        json!({"role": "system", "content": "You are an agent."}),
+        json!({"role": "user", "content": "Check the weather in eight cities."}),
+    ];
+    for i in 0..8 {
+        let id = format!("call_{i}");
+        wire.push(
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+            "type": "function", "function": {"name": "get_weather",
+            "arguments": format!("{{\"city\": \"city number {i}\"}}")}}]}),
+        );
+        wire.push(json!({"role": "tool", "tool_call_id": id,
+            "content": format!("{{\"temp_c\": {i}, \"sky\": \"clear and bright all day\"}}")}));
+    }
+    wire.push(json!({"role": "assistant", "content": "All eight are clear."}));
+    wire.push(json!({"role": "user", "content": "Thanks, and tomorrow?"}));
+    let msgs = messages(&json!({"messages": wire}));
+    let tokens = counts(&msgs);
+    let entries = Entry::given(&msgs, &tokens);
+    let history_end = current_turn_start(&msgs);
+    let answer = history_end - 1;
+    let target = tokens[answer - 2..history_end].iter().sum::<u64>() + 1;
+    let plan = plan_summary(&summary_policy(50, target, 4), &entries, None, 0).unwrap();
+    assert_eq!(plan.until, answer - 3, "{plan:?}");
+}
+
 #[test]
 fn cached_counts_equal_fresh_counts_and_fill_the_cache() {
     let msgs = weather();

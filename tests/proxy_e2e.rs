@@ -984,6 +984,41 @@ async fn chat_stream_ending_without_finish_reason_or_done_is_cut_short() {
     assert_eq!(stored.len(), 1, "only the question is stored: {stored:?}");
 }
 
+/// A streamed request answered 200 with something that is no event stream (an HTML page from a
+/// gateway, no content type or `text/plain`) is relayed as it comes; the proxy's error event
+/// that ends it starts on a line of its own, so an SSE client reads it.
+#[tokio::test]
+async fn a_streamed_request_answered_with_a_page_ends_with_a_readable_error_event() {
+    use axum::routing::post;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/html")],
+                "<html><body>Gateway says hello</body></html>",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = Proxy::start(ProxyOptions::default(), &format!("http://{addr}/v1")).await;
+    let resp = streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", "s-page")
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(text.starts_with("<html>"), "{text}");
+    let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "upstream_error", "{text}");
+    proxy.wait_for_records("default", "s-page", 1).await;
+    assert_eq!(
+        proxy.request_records("default", "s-page").await[0]["status"],
+        502
+    );
+}
+
 /// A Responses stream ending in `response.failed` (or an `error` event) is a failed request:
 /// relayed unchanged, recorded as 502, nothing of it appended.
 #[tokio::test]

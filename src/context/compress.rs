@@ -134,7 +134,7 @@ fn fits(encoding: Encoding, text: &str, max_tokens: u64) -> bool {
 fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<String> {
     for limits in LEVELS {
         let out = mark(shrink(value, limits, 1));
-        let text = out.to_string();
+        let text = written(&out);
         if fits(encoding, &text, max_tokens) {
             return Some(text);
         }
@@ -155,7 +155,7 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
                 omitted += 1;
                 let mut candidate = map.clone();
                 candidate.insert("_omitted_keys".into(), Value::from(omitted));
-                let text = mark(Value::Object(candidate)).to_string();
+                let text = written(&mark(Value::Object(candidate)));
                 if fits(encoding, &text, max_tokens) {
                     return Some(text);
                 }
@@ -164,6 +164,48 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
         }
         _ => None,
     }
+}
+
+/// Compressed JSON as text, with `", "` and `": "` between entries (Python's `json.dumps`, in
+/// which most tool results are written): `{"items": [0, 1, "… (96 more items)", 98, 99],
+/// "_compressed": true}`, as SPEC 5 writes the marker.
+fn written(value: &Value) -> String {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+        ) -> std::io::Result<()> {
+            writer.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    // Writing a `Value` into a Vec cannot fail, and the output is UTF-8.
+    let _ = serde::Serialize::serialize(value, &mut ser);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Adds the `_compressed` marker to a top-level object (an array has nowhere to carry it; its
@@ -513,9 +555,17 @@ mod tests {
     }
 
     #[test]
+    fn compressed_json_is_written_as_spec_5_writes_its_marker() {
+        let text = serde_json::json!({"items": (0..100).collect::<Vec<_>>()}).to_string();
+        let out = compress(Encoding::O200kBase, &text, 60).unwrap();
+        assert!(out.ends_with(r#", "_compressed": true}"#), "{out}");
+        assert!(out.contains(r#""… (96 more items)""#), "{out}");
+    }
+
+    #[test]
     fn giving_up_entries_keeps_the_order_of_the_others() {
         let text = r#"{"z_first":1,"list_a":[[1],[2],[3],[4],[5]],"m_mid":2,"list_b":[[1],[2],[3],[4],[5]],"a_last":3}"#;
-        let out = compress(Encoding::O200kBase, text, 29).unwrap();
+        let out = compress(Encoding::O200kBase, text, 35).unwrap();
         let v: Value = serde_json::from_str(&out).expect("still JSON");
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(

@@ -195,11 +195,15 @@ pub fn plan_summary(
         kept += t;
         keep_start = seg.start;
     }
-    // The kept history begins at a user message, as the token budget's does: a conversation
-    // that goes on system, summary, assistant is refused by chat templates that want the roles
-    // to alternate (vLLM's Mistral and Llama templates, some compatibility layers).
-    while keep_start < history_end && entries[keep_start].message.role != Role::User {
-        keep_start += 1;
+    // The kept history begins at a user message, as the token budget's does, when one is in
+    // it: a conversation that goes on system, summary, assistant is refused by chat templates
+    // that want the roles to alternate (vLLM's Mistral and Llama templates, some compatibility
+    // layers). When none is (an agent's long run of calls after one question), the newest
+    // segments are kept as they are rather than summarising everything up to the current turn.
+    if let Some(user) =
+        (keep_start..history_end).find(|&pos| entries[pos].message.role == Role::User)
+    {
+        keep_start = user;
     }
     if keep_start <= from {
         return None;

@@ -62,6 +62,8 @@ where
         // After `[DONE]` the upstream has nothing left to say; one that keeps the connection
         // open (or keeps sending comments) is waited for until this deadline only.
         let mut done_by: Option<Instant> = None;
+        // Whether what the client has so far ends at an event boundary (a blank line).
+        let mut at_boundary = true;
         loop {
             let wait = done_by.map_or(idle, |by| by.saturating_duration_since(Instant::now()));
             let next = tokio::select! {
@@ -88,8 +90,11 @@ where
                     if acc.saw_done() {
                         held = Some(chunk.to_vec());
                         done_by = Some(Instant::now() + AFTER_DONE.min(idle));
-                    } else if !client_gone && tx.send(Ok(chunk)).await.is_err() {
-                        client_gone = true;
+                    } else {
+                        at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
+                        if !client_gone && tx.send(Ok(chunk)).await.is_err() {
+                            client_gone = true;
+                        }
                     }
                 }
                 Ok(Some(Err(e))) => {
@@ -121,7 +126,10 @@ where
             && !reported
             && !client_gone
         {
-            let event = format!("data: {}\n\n", err.body());
+            // After a body that stopped mid-line (or was no event stream at all, an HTML
+            // page), a blank line first, so that this event is read as one of its own.
+            let lead = if at_boundary { "" } else { "\n\n" };
+            let event = format!("{lead}data: {}\n\n", err.body());
             let _ = tx.send(Ok(Bytes::from(event))).await;
         }
         // The body ends only once the reply is stored: a client that reads to the end and at

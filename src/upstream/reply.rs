@@ -128,6 +128,10 @@ impl ContentDeltas {
     }
 
     fn push_parts(&mut self, new: &[Value]) {
+        // An empty list adds nothing (and must not turn text into parts).
+        if new.is_empty() {
+            return;
+        }
         let parts = match std::mem::take(self) {
             ContentDeltas::None => Vec::new(),
             ContentDeltas::Text(text) if text.is_empty() => Vec::new(),
@@ -713,6 +717,17 @@ mod tests {
             out.reply.messages[0]["tool_calls"],
             json!([{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}])
         );
+    }
+
+    /// An empty `content` list adds nothing: the text stays text, and no content stays null.
+    #[test]
+    fn an_empty_content_list_adds_nothing() {
+        let content = |c: Value| json!({"choices":[{"index":0,"delta":{"content":c}}]});
+        let end = json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]});
+        let out = chat_reply(&[content(json!("Hello")), content(json!([])), end.clone()]);
+        assert_eq!(out.reply.messages[0]["content"], "Hello");
+        let out = chat_reply(&[content(json!([])), end]);
+        assert_eq!(out.reply.messages[0]["content"], Value::Null);
     }
 
     /// Mistral's reasoning models stream `content` as parts (thinking, then text): every part is
