@@ -23,7 +23,10 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
     for seg in segments(|pos| entries[pos].message, start..end) {
         let t: u64 = entries[seg.clone()].iter().map(|e| e.tokens).sum();
         if until.is_some() && total + t > cap {
-            break;
+            return SummaryPlan {
+                until: at_user.or(until).unwrap_or(plan.until),
+                ..plan
+            };
         }
         total += t;
         until = Some(entries[seg.end - 1].index);
@@ -34,10 +37,8 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
             at_user = until;
         }
     }
-    SummaryPlan {
-        until: at_user.or(until).unwrap_or(plan.until),
-        ..plan
-    }
+    // All of it fits: the plan stands as `plan_summary` made it.
+    plan
 }
 
 #[cfg(test)]
@@ -97,6 +98,21 @@ mod tests {
         assert_eq!(fit_plan(plan(0, 3), &entries, 40).until, 3);
         // No such cut fits: any boundary, as before.
         assert_eq!(fit_plan(plan(0, 3), &entries, 10).until, 0);
+        // Not cut at all: the plan stands, wherever it ends (an agent's run of calls).
+        assert_eq!(fit_plan(plan(0, 3), &entries, 1000).until, 3);
+        assert_eq!(fit_plan(plan(0, 1), &entries, 1000).until, 1);
+        // An earlier user message does not pull a plan that ends in an agent's run back to it.
+        let run = vec![
+            Message::text(Role::User, "hello"),
+            Message::text(Role::Assistant, "hi"),
+            Message::text(Role::User, "find"),
+            call("c1"),
+            result("c1"),
+            call("c2"),
+            result("c2"),
+        ];
+        let run_entries = Entry::given(&run, &[10; 7]);
+        assert_eq!(fit_plan(plan(0, 4), &run_entries, 1000).until, 4);
     }
 
     #[test]
