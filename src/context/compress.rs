@@ -213,6 +213,8 @@ fn written(value: &Value) -> String {
 fn mark(value: Value) -> Value {
     match value {
         Value::Object(mut map) => {
+            // Last, also where the result had a `_compressed` of its own.
+            map.shift_remove("_compressed");
             map.insert("_compressed".into(), Value::Bool(true));
             Value::Object(map)
         }
@@ -560,6 +562,10 @@ mod tests {
         let out = compress(Encoding::O200kBase, &text, 60).unwrap();
         assert!(out.ends_with(r#", "_compressed": true}"#), "{out}");
         assert!(out.contains(r#""… (96 more items)""#), "{out}");
+        // A result with a `_compressed` key of its own gets the marker last all the same.
+        let own = serde_json::json!({"_compressed": false, "items": (0..100).collect::<Vec<_>>()});
+        let out = compress(Encoding::O200kBase, &own.to_string(), 60).unwrap();
+        assert!(out.ends_with(r#", "_compressed": true}"#), "{out}");
     }
 
     #[test]
