@@ -46,6 +46,21 @@ fn misspelt_key_in_a_tenant_file_names_file_and_key_path() {
     assert!(out.contains("unti"), "{out}");
 }
 
+/// A required key that is missing is named by its own key path, like every other problem
+/// (serde names it at its parent, which for a top-level key is no path at all).
+#[test]
+fn a_missing_required_key_names_its_key_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("acme", "upstream:\n  timeout_s: 5\n")]);
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l == "tenants/acme.yaml: keys: required key is missing"),
+        "{out}"
+    );
+}
+
 #[test]
 fn wrong_type_names_the_key_path() {
     let dir = tempfile::tempdir().unwrap();

@@ -110,6 +110,13 @@ impl Failure {
     }
 
     fn render(&self, path: &[Seg]) -> String {
+        // serde names a missing field at its parent (the file itself for a top-level key):
+        // the problem's key path is the field's own (`keys: required key is missing`).
+        if let Kind::MissingField(field) = &self.kind {
+            let mut path = path.to_vec();
+            path.push(Seg::Key(field.clone()));
+            return format!("{}: required key is missing", display(&path));
+        }
         if path.is_empty() {
             self.detail.clone()
         } else {
@@ -379,8 +386,7 @@ mod tests {
             "entries:\n  - weight: 1\n  - name: b\n    weight: x\n  - name: c\n    wieght: 2\n",
         );
         assert_eq!(problems.len(), 3, "{problems:?}");
-        assert!(problems[0].starts_with("entries[0]: "), "{problems:?}");
-        assert!(problems[0].contains("missing field `name`"), "{problems:?}");
+        assert_eq!(problems[0], "entries[0].name: required key is missing");
         assert_eq!(problems[1], "entries[1].weight: expected an integer");
         assert!(problems[2].starts_with("entries[2]"), "{problems:?}");
         assert!(problems[2].contains("wieght"), "{problems:?}");
