@@ -86,6 +86,9 @@ pub struct StreamAccumulator {
     parser: SseParser,
     chat: BTreeMap<u64, ChoiceDeltas>,
     items: BTreeMap<u64, Value>,
+    /// `response.output_text.delta` text by output index (with the item's id), for a server
+    /// that sends the text and never the items it belongs to.
+    text_deltas: BTreeMap<u64, (Option<String>, String)>,
     completed: Option<Value>,
     usage: Option<Value>,
     id: Option<String>,
@@ -261,6 +264,7 @@ impl StreamAccumulator {
             parser: SseParser::default(),
             chat: BTreeMap::new(),
             items: BTreeMap::new(),
+            text_deltas: BTreeMap::new(),
             completed: None,
             usage: None,
             id: None,
@@ -452,6 +456,16 @@ impl StreamAccumulator {
                     self.items.insert(index, item);
                 }
             }
+            "response.output_text.delta" => {
+                let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
+                let (id, text) = self.text_deltas.entry(index).or_default();
+                if id.is_none() {
+                    *id = v.get("item_id").and_then(Value::as_str).map(str::to_string);
+                }
+                if let Some(delta) = v.get("delta").and_then(Value::as_str) {
+                    text.push_str(delta);
+                }
+            }
             "response.completed" | "response.incomplete" => {
                 if let Some(resp) = v.get_mut("response").map(Value::take) {
                     self.completed = Some(resp);
@@ -461,12 +475,28 @@ impl StreamAccumulator {
         }
     }
 
-    fn finish_responses(self) -> Reply {
+    fn finish_responses(mut self) -> Reply {
+        // A server that streams only text deltas (no finished items) and then completes: its
+        // text, as the message items it belongs to. (Deltas of a stream that stopped before
+        // any terminal event are half an answer: not a reply.)
+        if self.items.is_empty() && self.completed.is_some() {
+            self.items = std::mem::take(&mut self.text_deltas)
+                .into_iter()
+                .map(|(index, (id, text))| {
+                    let mut item = json!({"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]});
+                    if let Some(id) = id {
+                        item["id"] = Value::String(id);
+                    }
+                    (index, item)
+                })
+                .collect();
+        }
         if let Some(resp) = self.completed
             && let Some(output) = resp.get("output").and_then(Value::as_array)
         {
             // A `response.completed` whose `output` is empty after items were done (a server
-            // that sends the output only as items) does not unsay them.
+            // that sends the output only as items, or only as text deltas) does not unsay them.
             let messages = if output.is_empty() && !self.items.is_empty() {
                 self.items.into_values().collect()
             } else {
@@ -775,6 +805,35 @@ mod tests {
         let mut acc = StreamAccumulator::new(ApiKind::Chat);
         acc.feed(body.as_bytes());
         assert_eq!(acc.finish().reply.messages[0]["content"], "the end");
+    }
+
+    /// A server that streams only text deltas, with an empty `output` in `response.completed`:
+    /// the reply is the message its text makes.
+    #[test]
+    fn responses_text_deltas_alone_make_the_reply() {
+        let events = [
+            json!({"type":"response.created","response":{"id":"resp_d1"}}),
+            json!({"type":"response.output_text.delta","output_index":0,"item_id":"msg_1","delta":"Hello "}),
+            json!({"type":"response.output_text.delta","output_index":0,"item_id":"msg_1","delta":"there."}),
+            json!({"type":"response.completed","response":{"id":"resp_d1","output":[]}}),
+        ];
+        let mut acc = StreamAccumulator::new(ApiKind::Responses);
+        for e in &events {
+            acc.feed(format!("data: {e}\n\n").as_bytes());
+        }
+        let reply = acc.finish().reply;
+        assert_eq!(
+            reply.messages,
+            [json!({"type":"message","role":"assistant","id":"msg_1",
+                "content":[{"type":"output_text","text":"Hello there.","annotations":[]}]})]
+        );
+        assert_eq!(reply.id.as_deref(), Some("resp_d1"));
+        // Without the terminal event the text is half an answer: no reply is made of it.
+        let mut acc = StreamAccumulator::new(ApiKind::Responses);
+        for e in &events[..3] {
+            acc.feed(format!("data: {e}\n\n").as_bytes());
+        }
+        assert!(acc.finish().reply.messages.is_empty());
     }
 
     #[test]
