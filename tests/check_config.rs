@@ -61,6 +61,42 @@ fn a_missing_required_key_names_its_key_path() {
     );
 }
 
+/// A hidden file in the tenants folder (an editor's copy, macOS's `._acme.yaml`) is no tenant.
+#[test]
+fn hidden_files_in_the_tenants_folder_are_not_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            ("acme", "keys: any\n"),
+            (".acme", "keys: any\n"),
+            ("._acme", "not: [yaml\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("(1 tenant"), "{out}");
+}
+
+/// Booleans are YAML 1.2's: `yes` or `on` is no boolean (read as one, `role_from_header: yes`
+/// would trust a client header without anyone having written `true`).
+#[test]
+fn yaml_1_1_booleans_are_refused() {
+    for word in ["yes", "on", "off"] {
+        let dir = tempfile::tempdir().unwrap();
+        let tenant = format!(
+            "keys: any\ntools:\n  roles: {{a: [x]}}\n  default_role: a\n  role_from_header: {word}\n"
+        );
+        let server = write(dir.path(), &[("acme", &tenant)]);
+        let (code, out) = check(&server);
+        assert_eq!(code, 1, "{word}: {out}");
+        assert!(
+            out.contains("tenants/acme.yaml: tools.role_from_header: expected a boolean"),
+            "{out}"
+        );
+    }
+}
+
 #[test]
 fn wrong_type_names_the_key_path() {
     let dir = tempfile::tempdir().unwrap();

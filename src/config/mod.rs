@@ -184,7 +184,7 @@ impl Config {
         let mut files = match std::fs::read_dir(&tenants_dir) {
             Ok(rd) => rd
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+                .filter(|p| is_tenant_file(p))
                 .collect::<Vec<_>>(),
             Err(_) if guessed_dir => Vec::new(),
             Err(e) => {
@@ -497,4 +497,14 @@ fn parse_sha256(s: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
     hex::decode_to_slice(s.trim().to_ascii_lowercase(), &mut out).ok()?;
     Some(out)
+}
+
+/// Whether `path` in the tenants folder is a tenant file: `*.yaml` (or `*.yml`), but not a
+/// hidden one (an editor's `.acme.yaml`, macOS's `._acme.yaml`), which would otherwise become a
+/// live tenant, or stop the whole configuration loading by clashing with a real one.
+pub(crate) fn is_tenant_file(path: &std::path::Path) -> bool {
+    let hidden = path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+    !hidden && path.extension().is_some_and(|x| x == "yaml" || x == "yml")
 }

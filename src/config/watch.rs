@@ -78,8 +78,7 @@ struct Relevant {
 impl Relevant {
     fn matches(&self, path: &Path) -> bool {
         path == self.server_file
-            || (path.extension().is_some_and(|x| x == "yaml" || x == "yml")
-                && path.parent() == Some(self.tenants_dir.as_path()))
+            || (super::is_tenant_file(path) && path.parent() == Some(self.tenants_dir.as_path()))
     }
 }
 
@@ -97,6 +96,8 @@ mod tests {
         assert!(r.matches(Path::new("cfg/tenants/acme.yaml")));
         assert!(r.matches(Path::new("cfg/tenants/acme.yml")));
         assert!(!r.matches(Path::new("cfg/tenants/.acme.yaml.swp")));
+        assert!(!r.matches(Path::new("cfg/tenants/.acme.yaml")));
+        assert!(!r.matches(Path::new("cfg/tenants/._acme.yaml")));
         assert!(!r.matches(Path::new("cfg/tenants/sub/acme.yaml")));
         assert!(!r.matches(Path::new("cfg/other.yaml")));
         assert!(!r.matches(Path::new("cfg/ctxproxy.db-wal")));

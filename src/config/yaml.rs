@@ -144,7 +144,10 @@ fn display(path: &[Seg]) -> String {
 
 fn attempt<T: DeserializeOwned>(text: &str) -> Result<T, Failure> {
     let mut failure: Option<Failure> = None;
-    let result = serde_saphyr::with_deserializer_from_str(text, |de| {
+    // YAML 1.2 booleans only: YAML 1.1's `yes`/`on`/`no`/`off` read as booleans would, for
+    // example, turn `tools.role_from_header: yes` into trusting a client header unannounced.
+    let options = serde_saphyr::options! { strict_booleans: true };
+    let result = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
         serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
             let path: Vec<Seg> = e
                 .path()
