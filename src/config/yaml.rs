@@ -50,7 +50,9 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             // Not YAML after all. Either the first problem was this syntax error, then it is
             // told with its position rather than a path that stops mid-key (`server.?`), or
             // the first problem came before it, then the syntax error is a second one.
-            let syntax = first_line(&e.to_string());
+            // Without the parser's `error: ` prefix: the line already says it is one.
+            let text = first_line(&e.to_string());
+            let syntax = text.strip_prefix("error: ").unwrap_or(&text).to_string();
             if failure.path.is_empty() || strip_position(&syntax) == failure.detail {
                 problems[0] = syntax;
             } else {
