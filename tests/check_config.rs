@@ -61,6 +61,20 @@ fn a_missing_required_key_names_its_key_path() {
     );
 }
 
+/// An empty tenants folder loads (nothing is wrong with it) but is warned about: every
+/// request would be refused.
+#[test]
+fn an_empty_tenants_folder_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[]);
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning:") && out.contains("no tenant files"),
+        "{out}"
+    );
+}
+
 /// A hidden file in the tenants folder (an editor's copy, macOS's `._acme.yaml`) is no tenant.
 #[test]
 fn hidden_files_in_the_tenants_folder_are_not_tenants() {

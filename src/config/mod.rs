@@ -196,6 +196,14 @@ impl Config {
             }
         };
         files.sort();
+        // Loads, but serves nothing: every request would be a 401.
+        if files.is_empty() && tenants_dir.is_dir() {
+            warnings.push(Problem {
+                file: tenants_dir.display().to_string(),
+                message: "no tenant files (*.yaml): every request will be refused with 401"
+                    .to_string(),
+            });
+        }
 
         let upstream_override = std::env::var(env::UPSTREAM_URL)
             .ok()
