@@ -737,3 +737,28 @@ fn messages_name_the_real_cause() {
         "{text}"
     );
 }
+
+/// A PostgreSQL that cannot be reached is reported with its cause (here: the connection is
+/// refused), not only as a pool that timed out, and never with the password of the URL.
+#[test]
+fn an_unreachable_postgres_is_reported_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("acme", "keys: any\n")]);
+    // Port 1 on loopback: nothing listens there.
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["migrate", "--config"])
+        .arg(&server)
+        .env(
+            "CTXPROXY_DATABASE_URL",
+            "postgres://u:secretpw@127.0.0.1:1/db",
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("cannot connect to PostgreSQL"), "{err}");
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+    assert!(!err.contains("secretpw"), "{err}");
+    let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!all.contains("secretpw"), "{all}");
+}

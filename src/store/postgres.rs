@@ -37,11 +37,26 @@ enum LeaseKind {
 impl PostgresStore {
     /// Connects a pool to the database named by a `postgres://` URL.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let pool = PgPoolOptions::new()
+        let pool = match PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
-            .await?;
+            .await
+        {
+            Ok(pool) => pool,
+            // The pool says only that it timed out; one direct attempt says why ("connection
+            // refused", an unknown database, a password), which is what an operator needs.
+            Err(sqlx::Error::PoolTimedOut) => {
+                let cause = match <PgConnection as sqlx::Connection>::connect(url).await {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "no connection became free in 10 s".to_string(),
+                };
+                return Err(Error::StoreUnavailable(format!(
+                    "cannot connect to PostgreSQL: {cause}"
+                )));
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(PostgresStore {
             pool,
             wakeups: Wakeups::default(),
