@@ -612,6 +612,23 @@ async fn removal_reasons(proxy: &Proxy, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// The summariser's input (returned) holds none of the calls tool access and tool_filter
+/// removed, and the allowed search result; the request record names both removals.
+async fn assert_summariser_saw_only_what_was_kept(proxy: &Proxy, mock: &MockHandle) -> String {
+    let input = the_summary_request(proxy, mock).await;
+    for hidden in HIDDEN {
+        assert!(
+            !input.contains(hidden),
+            "{hidden} reached the summariser: {input}"
+        );
+    }
+    assert!(input.contains("SEARCH-RESULT-OK"), "{input}");
+    let reasons = removal_reasons(proxy, SESSION).await;
+    assert!(reasons.iter().any(|r| r == "tool_filter"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "tool_access"), "{reasons:?}");
+    input
+}
+
 /// SPEC 5 runs tool access, tool_filter and the tool-call window before the summary: what they
 /// removed must not reach the summariser (it would come back on every later turn, and to a
 /// role that may not see it).
@@ -628,18 +645,8 @@ async fn the_summariser_never_reads_calls_removed_before_the_summary_step() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let input = the_summary_request(&proxy, &mock).await;
-    for hidden in HIDDEN {
-        assert!(
-            !input.contains(hidden),
-            "{hidden} reached the summariser: {input}"
-        );
-    }
-    assert!(input.contains("SEARCH-RESULT-OK"), "{input}");
+    let input = assert_summariser_saw_only_what_was_kept(&proxy, &mock).await;
     assert!(input.contains("q001"), "{input}");
-    let reasons = removal_reasons(&proxy, SESSION).await;
-    assert!(reasons.iter().any(|r| r == "tool_filter"), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r == "tool_access"), "{reasons:?}");
 }
 
 #[tokio::test]
@@ -662,17 +669,7 @@ async fn the_summariser_never_reads_items_removed_before_the_summary_step() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let input = the_summary_request(&proxy, &mock).await;
-    for hidden in HIDDEN {
-        assert!(
-            !input.contains(hidden),
-            "{hidden} reached the summariser: {input}"
-        );
-    }
-    assert!(input.contains("SEARCH-RESULT-OK"), "{input}");
-    let reasons = removal_reasons(&proxy, SESSION).await;
-    assert!(reasons.iter().any(|r| r == "tool_filter"), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r == "tool_access"), "{reasons:?}");
+    assert_summariser_saw_only_what_was_kept(&proxy, &mock).await;
 }
 
 /// The trigger is measured on the history as compress_tool_output leaves it: a long tool

@@ -170,35 +170,31 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
 /// which most tool results are written): `{"items": [0, 1, "… (96 more items)", 98, 99],
 /// "_compressed": true}`, as SPEC 5 writes the marker.
 fn written(value: &Value) -> String {
+    /// `", "` before every entry but the first.
+    fn separate<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
     struct Spaced;
     impl serde_json::ser::Formatter for Spaced {
         fn begin_array_value<W: ?Sized + std::io::Write>(
             &mut self,
-            writer: &mut W,
+            w: &mut W,
             first: bool,
         ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                writer.write_all(b", ")
-            }
+            separate(w, first)
         }
         fn begin_object_key<W: ?Sized + std::io::Write>(
             &mut self,
-            writer: &mut W,
+            w: &mut W,
             first: bool,
         ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                writer.write_all(b", ")
-            }
+            separate(w, first)
         }
         fn begin_object_value<W: ?Sized + std::io::Write>(
             &mut self,
-            writer: &mut W,
+            w: &mut W,
         ) -> std::io::Result<()> {
-            writer.write_all(b": ")
+            w.write_all(b": ")
         }
     }
     let mut out = Vec::new();
