@@ -65,6 +65,10 @@ pub enum Error {
     /// and lease written and released) rather than dropped.
     #[error("ctxproxy is shutting down; retry the request")]
     ShuttingDown,
+    /// The client went away before its request was forwarded (while it waited for its session):
+    /// it is not sent upstream, where nobody would read the answer. Recorded as nginx's 499.
+    #[error("the client closed the request before it was forwarded")]
+    ClientClosed,
     /// The store failed; nothing is forwarded that could not be recorded.
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),

@@ -79,10 +79,14 @@ macro_rules! on_both_backends {
 mod admin;
 #[path = "store_e2e/concurrency.rs"]
 mod concurrency;
+#[path = "store_e2e/odd_strings.rs"]
+mod odd_strings;
 #[path = "store_e2e/replies.rs"]
 mod replies;
 #[path = "store_e2e/retries.rs"]
 mod retries;
+#[path = "store_e2e/server_mode.rs"]
+mod server_mode;
 #[path = "store_e2e/sessions.rs"]
 mod sessions;
 

@@ -70,6 +70,19 @@ pub async fn list_sessions(
                 )
             })?,
     };
+    if q.after.as_deref().is_some_and(|a| a.contains('\0')) {
+        return Err(Error::invalid(
+            "'after' is neither a `next` cursor nor a session id",
+            Some("after".to_string()),
+        ));
+    }
+    if q.tenant.as_deref().is_some_and(|t| t.contains('\0')) {
+        // No tenant is named so (tenants are file names): an empty page.
+        return Ok(Json(json!({
+            "object": "list", "data": [], "first_id": null, "last_id": null,
+            "has_more": false, "next": null,
+        })));
+    }
     // The admin API shows what the answers already sent imply (see `session::pending`).
     state.pending.settle_all().await;
     let page = state
@@ -99,6 +112,7 @@ pub async fn get_session(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    nameable(&tenant, &session)?;
     state.pending.settle_session(&tenant, &session).await;
     let detail = state
         .store
@@ -174,6 +188,7 @@ pub async fn delete_session(
     Path((tenant, session)): Path<(String, String)>,
 ) -> Result<Response> {
     authorize(&state, &headers)?;
+    nameable(&tenant, &session)?;
     state.pending.settle_session(&tenant, &session).await;
     if state.store.delete_session(&tenant, &session).await? {
         Ok((
@@ -189,11 +204,21 @@ pub async fn delete_session(
 /// Waits for this process's pending writes to the session (`session::pending`), then fails with
 /// 404 unless it exists.
 async fn existing_session(state: &AppState, tenant: &str, session: &str) -> Result<()> {
+    nameable(tenant, session)?;
     state.pending.settle_session(tenant, session).await;
     match state.store.get_session(tenant, session).await? {
         Some(_) => Ok(()),
         None => Err(not_found(tenant, session)),
     }
+}
+
+/// No session is named with a NUL character (session ids are visible ASCII, tenants file names):
+/// such a name is a 404 without asking the store (PostgreSQL's text cannot even hold one).
+fn nameable(tenant: &str, session: &str) -> Result<()> {
+    if tenant.contains('\0') || session.contains('\0') {
+        return Err(not_found(tenant, session));
+    }
+    Ok(())
 }
 
 fn not_found(tenant: &str, session: &str) -> Error {

@@ -71,6 +71,11 @@ impl Error {
                 "invalid_request_error",
                 Some("session_busy"),
             ),
+            Error::ClientClosed => (
+                StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+                "invalid_request_error",
+                Some("client_closed_request"),
+            ),
             Error::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "server_error",

@@ -4,6 +4,7 @@
 //! runs on its own task: a client that hangs up cancels nothing.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -22,7 +23,7 @@ use super::{request_id, rewrite, tenant};
 use crate::app::AppState;
 use crate::config::{Config, HistoryMode, Selected, Tenant};
 use crate::context::Report;
-use crate::conversation::chain_ids;
+use crate::conversation::{MessageId, chain_ids};
 use crate::error::{Error, Result};
 use crate::session;
 use crate::store::Scope;
@@ -114,7 +115,9 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
     // Tracked, so that shutdown waits (within its grace) for the work of a request whose client
     // has already gone: its reply is still read and stored (SPEC 4.2).
     let background = state.background.clone();
-    let task = background.spawn(handle(state, headers, body, log).instrument(span));
+    // Dropped with this future: when the client goes away, or once its answer has begun.
+    let client = ClientPresence::default();
+    let task = background.spawn(handle(state, headers, body, log, client.watch()).instrument(span));
     let mut response = match task.await {
         Ok(r) => r,
         Err(e) => Error::Internal(format!("request task failed: {e}")).into_response(),
@@ -125,6 +128,34 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
             .insert(request_id::RESPONSE_HEADER, v);
     }
     response
+}
+
+/// Whether the client of a request is still waiting for its answer. The request's work runs on
+/// a task of its own (its reply is stored even if the client leaves), so the task learns of a
+/// client that left from this flag, set when the future that waits for the task is dropped.
+#[derive(Default)]
+struct ClientPresence(Arc<AtomicBool>);
+
+impl ClientPresence {
+    fn watch(&self) -> ClientWatch {
+        ClientWatch(self.0.clone())
+    }
+}
+
+impl Drop for ClientPresence {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The task's side of [`ClientPresence`].
+struct ClientWatch(Arc<AtomicBool>);
+
+impl ClientWatch {
+    /// True once the client has gone (or its answer has begun, which is after any check).
+    fn gone(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// The one log line of a request, written when its answer is complete.
@@ -171,9 +202,10 @@ async fn handle(
     headers: HeaderMap,
     body: Body,
     mut log: AccessLog,
+    client: ClientWatch,
 ) -> Response {
     let config = state.config.load_full();
-    let mut response = match forward(&state, &config, &headers, body, &mut log).await {
+    let mut response = match forward(&state, &config, &headers, body, &mut log, &client).await {
         Ok(Answer::Complete(response)) => {
             log.write(response.status());
             response
@@ -202,12 +234,17 @@ enum Answer {
 pub(crate) fn history_mode(headers: &HeaderMap, tenant: &Tenant) -> Result<HistoryMode> {
     match headers.get(HISTORY_HEADER) {
         None => Ok(tenant.file.session.history),
-        Some(v) => v.to_str().ok().and_then(HistoryMode::parse).ok_or_else(|| {
-            Error::invalid(
-                "x-ctxproxy-history must be `client` or `server`",
-                Some(HISTORY_HEADER.to_string()),
-            )
-        }),
+        // Header values are read as HTTP reads tokens: surrounding spaces and case don't count.
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| HistoryMode::parse(&v.trim().to_ascii_lowercase()))
+            .ok_or_else(|| {
+                Error::invalid(
+                    "x-ctxproxy-history must be `client` or `server`",
+                    Some(HISTORY_HEADER.to_string()),
+                )
+            }),
     }
 }
 
@@ -223,6 +260,51 @@ pub(crate) fn check_not_empty(
         return Err(Error::invalid(
             "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
             Some("messages".to_string()),
+        ));
+    }
+    Ok(())
+}
+
+/// A `previous_response_id` the proxy does not know (or one of another session) names history
+/// only the upstream holds: the request goes with its items as received, as in client mode.
+/// Prepending the stored head as well (server mode) would send two histories, mixed.
+pub(crate) fn mode_for_unknown_previous(
+    mode: HistoryMode,
+    previous_response_id: Option<&str>,
+    anchor: Option<MessageId>,
+) -> HistoryMode {
+    if previous_response_id.is_some() && anchor.is_none() {
+        HistoryMode::Client
+    } else {
+        mode
+    }
+}
+
+/// A conversation assembled to nothing (server mode on a session with no stored history, and
+/// no message in the request) has nothing to send: the same 400 as an empty client-mode request,
+/// naming `messages` or `input`. A Responses request may still hold its input elsewhere, upstream
+/// (`previous_response_id`, `conversation`) or in a stored `prompt`: that one goes as it is.
+pub(crate) fn check_something_to_send<T>(assembled: &[T], call: &Call) -> Result<()> {
+    let param = match call {
+        Call::Chat(_) => "messages",
+        Call::Responses(r) => {
+            let elsewhere = r.previous_response_id.is_some()
+                || ["conversation", "prompt"]
+                    .iter()
+                    .any(|k| r.extra.get(*k).is_some_and(|v| !v.is_null()));
+            if elsewhere {
+                return Ok(());
+            }
+            "input"
+        }
+    };
+    if assembled.is_empty() {
+        return Err(Error::invalid(
+            format!(
+                "Invalid '{param}': empty, and the session has no stored history to continue. \
+                 Expected at least one message."
+            ),
+            Some(param.to_string()),
         ));
     }
     Ok(())
@@ -254,6 +336,7 @@ async fn forward(
     client_headers: &HeaderMap,
     body: Body,
     log: &mut AccessLog,
+    client: &ClientWatch,
 ) -> Result<Answer> {
     let selected = tenant::select(config, client_headers)?;
     let tenant = selected.tenant.clone();
@@ -264,6 +347,16 @@ async fn forward(
     let prepared = prepare(state, config, &selected, client_headers, call, log)
         .await
         .map_err(|e| e.with_conversation_param(param))?;
+    if client.gone() {
+        // It left while the request waited for its session (or was being prepared): the turn
+        // stays stored, as everything a client sent does, but nobody would read the answer of
+        // an upstream call made now. Its record says so, and the session is freed.
+        prepared
+            .completion
+            .finish(Error::ClientClosed.classify().0, None, None)
+            .await;
+        return Err(Error::ClientClosed);
+    }
     send(state, &selected, client_headers, prepared, log).await
 }
 
@@ -345,6 +438,7 @@ async fn prepare(
         ids: (!auto_ids.is_empty()).then_some(auto_ids),
         stored_prefix: resolved.stored_prefix,
     };
+    let mode = mode_for_unknown_previous(mode, call.previous_response_id(), resolved.anchor);
     let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
     let t = Instant::now();
     let (opening, assembled) = match base {
@@ -382,6 +476,8 @@ async fn prepare(
             (Either::Right(std::future::ready(Ok(lock))), assembled)
         }
     };
+    // (A chat request's wire messages may have moved into the store's job: count the ids.)
+    check_something_to_send(&assembled.ids, &call)?;
     let rewrite = rewrite::rewrite(
         state,
         config,

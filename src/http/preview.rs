@@ -12,7 +12,9 @@ use serde_json::{Value, json};
 
 use super::body::read_limited;
 use super::call::{Call, Taken};
-use super::managed::{Endpoint, check_not_empty, history_mode};
+use super::managed::{
+    Endpoint, check_not_empty, check_something_to_send, history_mode, mode_for_unknown_previous,
+};
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
 use crate::app::AppState;
@@ -86,6 +88,11 @@ async fn preview(
     if let Some(id) = &session_id {
         state.pending.settle_session(&tenant.name, id).await;
     }
+    let mode = mode_for_unknown_previous(
+        mode,
+        call.previous_response_id(),
+        previous.as_ref().map(|p| p.message),
+    );
     let known = match &session_id {
         Some(id) => state.store.get_session(&tenant.name, id).await?.is_some(),
         None => false,
@@ -114,6 +121,7 @@ async fn preview(
         let ids = chain_ids(&incoming);
         (incoming, ids, typed)
     };
+    check_something_to_send(&messages, &call)?;
     let outcome = rewrite::rewrite(
         &state,
         &config,

@@ -7,8 +7,10 @@
 //! A server-mode request whose new messages are exactly the head branch's unanswered turn (the
 //! client messages stored after its last reply) is a retry of that turn, as clients resend a
 //! request that failed (the OpenAI SDKs do on 408/409/429/5xx and lost connections): nothing is
-//! stored, and the stored turn is sent once. In client mode, and under a `previous_response_id`,
-//! a retry needs no such rule: its messages chain to the ids already stored.
+//! stored, and the stored turn is sent once. Any other request leaves that turn out: it follows
+//! the last reply, and the unanswered turn stays stored on a branch of its own. In client mode,
+//! and under a `previous_response_id`, neither needs a rule: the client's messages say where
+//! they follow.
 
 use serde_json::Value;
 
@@ -86,13 +88,22 @@ pub async fn assemble(
 
     let incoming = incoming.messages;
     let lead = incoming.iter().take_while(|m| is_instruction(m)).count();
-    let (instructions, new) = incoming.split_at(lead);
-    // A retried turn is stored already, and is the end of the stored history: nothing is new.
-    let new = if on_head && is_unanswered_turn(&stored, new) {
-        &new[..0]
-    } else {
-        new
-    };
+    let (instructions, mut new) = incoming.split_at(lead);
+    let mut stored = stored;
+    if on_head {
+        let start = unanswered_turn_start(&stored);
+        if is_retry_of(&stored, start, new) {
+            // A retried turn is stored already, and is the end of the stored history: nothing
+            // is new.
+            new = &new[..0];
+        } else {
+            // A turn that got no answer (the upstream or the proxy refused it) is not history:
+            // the client moved on without it, as a chain of `previous_response_id`s skips a
+            // failed response. It stays stored, on a branch of its own; sending it again on
+            // every later turn would fail each of them the same way.
+            stored.truncate(start);
+        }
+    }
     let parent = stored.last().map(|m| m.id);
     let new_ids = {
         let mut ids = Vec::with_capacity(new.len());
@@ -182,20 +193,25 @@ fn client_conversation(incoming: Incoming) -> Assembled {
     }
 }
 
-/// Whether `new` (a server-mode request's messages after its leading instructions) is exactly
-/// the unanswered turn at the end of `stored`, the head branch: the client messages after its
-/// last stored reply, or after its leading instructions when it has none. Compared by chained
-/// ids, computed for `new` from the turn's parent, so equal means equal canonical messages at
-/// the same place in the tree. A message equal to one that was answered is not a retry: the
-/// turn after a reply starts empty.
-fn is_unanswered_turn(stored: &[StoredMessage], new: &[Value]) -> bool {
-    let start = match stored.iter().rposition(|m| m.origin == Origin::Reply) {
+/// Where the head branch's unanswered turn begins: after its last stored reply, or after its
+/// leading instructions when it has none. The turn is the client messages from there on (empty
+/// when the branch ends with a reply).
+fn unanswered_turn_start(stored: &[StoredMessage]) -> usize {
+    match stored.iter().rposition(|m| m.origin == Origin::Reply) {
         Some(reply) => reply + 1,
         None => stored
             .iter()
             .take_while(|m| is_instruction(&m.body))
             .count(),
-    };
+    }
+}
+
+/// Whether `new` (a server-mode request's messages after its leading instructions) is exactly
+/// the unanswered turn at the end of `stored`, the head branch, which begins at `start`.
+/// Compared by chained ids, computed for `new` from the turn's parent, so equal means equal
+/// canonical messages at the same place in the tree. A message equal to one that was answered
+/// is not a retry: the turn after a reply starts empty.
+fn is_retry_of(stored: &[StoredMessage], start: usize, new: &[Value]) -> bool {
     let turn = &stored[start..];
     if new.is_empty() || new.len() != turn.len() {
         return false;

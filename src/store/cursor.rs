@@ -44,6 +44,10 @@ pub(crate) fn encode_cursor(s: &Session) -> String {
 /// Inverse of [`encode_cursor`]; `None` when `cursor` is not one.
 fn decode_cursor(cursor: &str) -> Option<Keyset> {
     let text = String::from_utf8(hex::decode(cursor).ok()?).ok()?;
+    if text.contains('\0') {
+        // No session is named so; PostgreSQL's text could not even be asked.
+        return None;
+    }
     let mut parts = text.splitn(3, '\n');
     let (ms, tenant, id) = (parts.next()?, parts.next()?, parts.next()?);
     Some(Keyset {

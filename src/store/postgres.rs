@@ -4,6 +4,7 @@
 //! across the upstream call), so any PostgreSQL-compatible database can serve.
 
 mod records;
+mod text;
 mod tree;
 mod turn;
 
@@ -202,7 +203,7 @@ async fn create_session(
     .bind(tenant)
     .bind(session)
     .bind(&scope.key_hash)
-    .bind(&scope.user)
+    .bind(text::opt_text(scope.user.as_deref()))
     .bind(Timestamp::now().millis())
     .execute(&mut *conn)
     .await?;
@@ -454,7 +455,7 @@ impl Store for PostgresStore {
              WHERE tenant = $1 AND response_id = $2",
         )
         .bind(tenant)
-        .bind(response_id)
+        .bind(text::text(response_id))
         .fetch_optional(&self.pool)
         .await?;
         row.map(|(session, id, upstream_root)| {

@@ -334,7 +334,7 @@ pub(super) async fn find_by_prefix(
     )
     .bind(tenant)
     .bind(&scope.key_hash)
-    .bind(&scope.user)
+    .bind(super::text::opt_text(scope.user.as_deref()))
     .bind(wanted)
     .fetch_optional(pool)
     .await?;

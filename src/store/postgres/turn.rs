@@ -12,7 +12,7 @@ use super::super::turn::{
     TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
 };
 use super::super::types::Lease;
-use super::{LeaseKind, PostgresStore, records, release_lease, tree};
+use super::{LeaseKind, PostgresStore, records, release_lease, text, tree};
 use crate::Result;
 
 impl PostgresStore {
@@ -97,7 +97,7 @@ async fn create_and_lease(conn: &mut PgConnection, open: &TurnOpen) -> Result<Op
     .bind(&lease.tenant)
     .bind(&lease.session)
     .bind(&open.scope.key_hash)
-    .bind(&open.scope.user)
+    .bind(text::opt_text(open.scope.user.as_deref()))
     .bind(now.millis())
     .bind(&lease.owner)
     .bind(lease.until.millis())

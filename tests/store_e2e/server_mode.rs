@@ -1,0 +1,160 @@
+//! Server history mode (SPEC 4.1) around failures and odd requests: a turn that got no answer
+//! is left out of the next one (it stays stored on a branch of its own), a `previous_response_id`
+//! the proxy does not know goes with the items as received (the upstream holds that history), a
+//! conversation that assembles to nothing is a 400, and a request whose client left while it
+//! waited for its session is not forwarded.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::common::*;
+use super::{Backend, chat, reply_message, upstream_histories, user, without_seq};
+
+fn server(session: &str) -> Vec<(&str, &str)> {
+    vec![("x-session-id", session), ("x-ctxproxy-history", "server")]
+}
+
+fn plain(messages: &[Value]) -> Value {
+    json!({"model": "gpt-4o-mini", "messages": messages})
+}
+
+async fn a_turn_that_failed_is_left_out_of_the_next_one(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let hello = reply_message(&chat(&base, "sk-a", &server("f"), &plain(&[user("hello")])).await);
+    let mut failing = server("f");
+    failing.push(("x-mock-status", "400"));
+    let refused = chat(&base, "sk-a", &failing, &plain(&[user("look at BAD")])).await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    let after = chat(&base, "sk-a", &server("f"), &plain(&[user("forget it")])).await;
+    assert_eq!(after.status, 200, "{}", after.body);
+    let answer = reply_message(&after);
+
+    let upstream = upstream_histories(&mock);
+    assert_eq!(
+        upstream[2],
+        [user("hello"), hello.clone(), user("forget it")],
+        "the refused turn is not sent again"
+    );
+    let head = without_seq(&proxy.stored_messages("default", "f").await);
+    assert_eq!(head, [user("hello"), hello, user("forget it"), answer]);
+    // Nothing is lost: the refused message is stored, on its own branch.
+    let (_, detail) = proxy.admin_get("/ctxproxy/v1/sessions/default/f").await;
+    assert_eq!(detail["message_count"], 5, "{detail}");
+    assert_eq!(detail["branches"].as_array().unwrap().len(), 2, "{detail}");
+}
+
+async fn unknown_previous_response_id_goes_with_the_items_as_received(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let post = |body: Value| {
+        let req = client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .bearer_auth("sk-a")
+            .header("x-session-id", "r")
+            .header("x-ctxproxy-history", "server")
+            .json(&body);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(
+        post(json!({"model": "gpt-4o-mini", "input": "u1"})).await,
+        200
+    );
+    let status = post(json!({
+        "model": "gpt-4o-mini",
+        "input": "u2",
+        "previous_response_id": "resp_only_upstream_knows"
+    }))
+    .await;
+    assert_eq!(status, 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], "resp_only_upstream_knows");
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 1, "only the request's own item: {sent}");
+    assert_eq!(input[0]["content"], "u2");
+}
+
+async fn a_server_mode_request_with_nothing_to_send_is_a_400(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let empty = chat(&base, "sk-a", &server("new"), &plain(&[])).await;
+    assert_eq!(empty.status, 400, "{}", empty.body);
+    assert_eq!(empty.body["error"]["param"], "messages", "{}", empty.body);
+    let resp = client()
+        .post(format!("{base}/responses"))
+        .bearer_auth("sk-a")
+        .header("x-session-id", "new-items")
+        .header("x-ctxproxy-history", "server")
+        .json(&json!({"model": "gpt-4o-mini", "input": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "input", "{body}");
+    assert!(mock.requests().is_empty(), "nothing went upstream");
+
+    // With stored history the same request continues it; the header's case does not count.
+    let hello = chat(&base, "sk-a", &server("old"), &plain(&[user("hello")])).await;
+    assert_eq!(hello.status, 200);
+    let headers = [("x-session-id", "old"), ("x-ctxproxy-history", "Server")];
+    let again = chat(&base, "sk-a", &headers, &plain(&[])).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(mock.requests().len(), 2);
+}
+
+async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let holder = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            let mut headers = server("busy");
+            headers.push(("x-mock-delay-ms", "1500"));
+            chat(&base, "sk-a", &headers, &plain(&[user("first")])).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Waits for the session behind the first request, then gives up.
+    let gave_up = client()
+        .post(format!("{base}/chat/completions"))
+        .bearer_auth("sk-a")
+        .header("x-session-id", "busy")
+        .header("x-ctxproxy-history", "server")
+        .timeout(Duration::from_millis(400))
+        .json(&plain(&[user("never mind")]))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gave up waiting");
+    let first = holder.await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+
+    proxy.wait_for_records("default", "busy", 2).await;
+    let records = proxy
+        .store()
+        .await
+        .list_requests("default", "busy")
+        .await
+        .unwrap();
+    let statuses: Vec<u16> = records.iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 499]);
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "only the first request went upstream"
+    );
+
+    // The session is free, and the abandoned turn is not part of the next one.
+    let next = chat(&base, "sk-a", &server("busy"), &plain(&[user("next")])).await;
+    assert_eq!(next.status, 200, "{}", next.body);
+    let upstream = upstream_histories(&mock);
+    assert_eq!(upstream[1].len(), 3, "{:?}", upstream[1]);
+    assert_eq!(upstream[1][2], user("next"));
+}
+
+on_both_backends!(
+    a_turn_that_failed_is_left_out_of_the_next_one,
+    unknown_previous_response_id_goes_with_the_items_as_received,
+    a_server_mode_request_with_nothing_to_send_is_a_400,
+    a_request_whose_client_left_while_it_waited_is_not_forwarded,
+);
