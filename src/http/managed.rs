@@ -596,9 +596,11 @@ async fn send(
         let in_flight = state.background.token();
         let abort = state.abort.clone();
         let kind = log.endpoint.kind();
+        // The end of the stream is logged under the request's span (request id, endpoint).
+        let span = tracing::Span::current();
         let body = upstream::relay::tee_sse(resp, timeout, kind, abort, move |outcome| {
             let mut stream_log = stream_log;
-            async move {
+            let work = async move {
                 let _in_flight = in_flight;
                 let upstream_took = outcome.upstream_done.duration_since(upstream_started);
                 stream_log.upstream = Some((upstream_started, Some(outcome.upstream_done)));
@@ -615,7 +617,8 @@ async fn send(
                     .finish(status, Some(&outcome.reply), Some(upstream_took))
                     .await;
                 stream_log.write(status);
-            }
+            };
+            work.instrument(span)
         });
         let mut response = Response::new(body);
         *response.status_mut() = status;
@@ -646,6 +649,15 @@ async fn send(
         .is_success()
         .then(|| Reply::from_body(log.endpoint.kind(), &bytes))
         .flatten();
+    if status.is_success() && reply.is_none() {
+        // Relayed as it came, but there is nothing to store: say so, or the session would
+        // silently miss its reply.
+        tracing::warn!(
+            bytes = bytes.len(),
+            content_type = ?resp_headers.get(header::CONTENT_TYPE),
+            "the upstream's successful answer is not a reply the proxy can read; no reply is stored"
+        );
+    }
     let upstream_took = Some(upstream_done - upstream_started);
     if state.write_replies_after_answer {
         completion.finish_in_background(status, reply, upstream_took);
