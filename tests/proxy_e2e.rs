@@ -959,6 +959,82 @@ async fn upstream_error_event_mid_chat_stream_fails_the_request() {
     );
 }
 
+/// An upstream whose answer body breaks off (the connection is reset) after `chunks`.
+async fn breaking_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
+    use axum::routing::post;
+    let answer = move || {
+        let chunks = chunks.clone();
+        async move {
+            use futures_util::StreamExt;
+            // The break comes once the chunks are out (an error at once would discard them).
+            let lost = futures_util::stream::once(async {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                Err(std::io::Error::other("connection lost"))
+            });
+            let items = futures_util::stream::iter(chunks.into_iter().map(Ok)).chain(lost);
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(items),
+            )
+        }
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/v1")
+}
+
+/// A chat stream whose connection breaks after every choice finished (before its usage chunk
+/// and `[DONE]`) lost nothing of the answer: the client gets no error event, the reply is
+/// stored and the record says 200. One that breaks mid-answer still fails (502).
+#[tokio::test]
+async fn a_chat_stream_broken_after_its_finish_reason_is_a_whole_answer() {
+    let whole = sse_chunks(&[
+        json!({"id":"c-w","choices":[{"index":0,"delta":{"role":"assistant","content":"All of it"}}]}),
+        json!({"id":"c-w","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+    ]);
+    let proxy = Proxy::start(ProxyOptions::default(), &breaking_sse_upstream(whole).await).await;
+    let text = streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", "s-whole")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(chat_stream_text(&text), "All of it");
+    assert!(!text.contains("\"error\""), "no error event: {text}");
+    proxy.wait_for_records("default", "s-whole", 1).await;
+    assert_eq!(
+        proxy.request_records("default", "s-whole").await[0]["status"],
+        200
+    );
+    let stored = proxy.stored_messages("default", "s-whole").await;
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert_eq!(stored[1]["content"], "All of it");
+
+    let half = sse_chunks(&[
+        json!({"id":"c-h","choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]}),
+    ]);
+    let proxy = Proxy::start(ProxyOptions::default(), &breaking_sse_upstream(half).await).await;
+    let text = streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", "s-half")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "upstream_error", "{text}");
+    proxy.wait_for_records("default", "s-half", 1).await;
+    assert_eq!(
+        proxy.request_records("default", "s-half").await[0]["status"],
+        502
+    );
+}
+
 /// A chat stream that stops with neither a finish reason nor `[DONE]` is cut short: the client
 /// is told with an error event, the record says 502 and the partial reply is not appended.
 #[tokio::test]

@@ -97,15 +97,20 @@ where
                         }
                     }
                 }
+                // A connection that breaks (or stalls) after the whole answer came ends the
+                // stream as an upstream that left out `[DONE]` does: the answer is kept, and
+                // the client is not told of a failure that cost it nothing.
                 Ok(Some(Err(e))) => {
-                    error = Some(Error::UpstreamUnreachable(format!(
-                        "upstream stream failed: {e}"
-                    )));
+                    if !acc.answered() {
+                        error = Some(Error::UpstreamUnreachable(format!(
+                            "upstream stream failed: {e}"
+                        )));
+                    }
                     break;
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    if held.is_none() {
+                    if held.is_none() && !acc.answered() {
                         error = Some(Error::UpstreamTimeout(idle));
                     }
                     break;

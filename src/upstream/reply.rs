@@ -306,6 +306,22 @@ impl StreamAccumulator {
         Streamed { reply, failure }
     }
 
+    /// Whether what was fed is a whole answer already, short of the stream's own end: every
+    /// chat choice has its finish reason, or a Responses stream its `response.completed` (or
+    /// `response.incomplete`), and no error event came. A transport that breaks after that
+    /// (before `[DONE]`, or before a usage chunk) has lost nothing of the answer.
+    pub fn answered(&self) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        match self.kind {
+            ApiKind::Chat => {
+                !self.chat.is_empty() && self.chat.values().all(|c| c.finish_reason.is_some())
+            }
+            ApiKind::Responses => self.completed.is_some(),
+        }
+    }
+
     /// Whether the stream's `data: [DONE]` has been fed: the client's SDK stops reading there.
     pub fn saw_done(&self) -> bool {
         self.done
