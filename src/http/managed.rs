@@ -280,6 +280,27 @@ pub(crate) fn mode_for_unknown_previous(
     }
 }
 
+/// A server-mode Responses request continues the head branch. When that branch's chain began
+/// from a response only the upstream holds, it goes on sending that root (as a chain continued
+/// by `previous_response_id` does): without it the upstream's part of the history is lost.
+pub(crate) async fn continue_upstream_root(
+    store: &dyn crate::store::Store,
+    tenant: &str,
+    session: &str,
+    assembled: &session::history::Assembled,
+    call: &mut Call,
+) -> Result<()> {
+    if !matches!(call, Call::Responses(_)) || call.previous_response_id().is_some() {
+        return Ok(());
+    }
+    if let Some(reply) = assembled.head_reply
+        && let Some(root) = store.upstream_root_at(tenant, session, reply).await?
+    {
+        call.set_previous_response_id(Some(root));
+    }
+    Ok(())
+}
+
 /// A conversation assembled to nothing (server mode on a session with no stored history, and
 /// no message in the request) has nothing to send: the same 400 as an empty client-mode request,
 /// naming `messages` or `input`. A Responses request may still hold its input elsewhere, upstream
@@ -478,6 +499,7 @@ async fn prepare(
     };
     // (A chat request's wire messages may have moved into the store's job: count the ids.)
     check_something_to_send(&assembled.ids, &call)?;
+    continue_upstream_root(store, &tenant.name, &resolved.id, &assembled, &mut call).await?;
     let rewrite = rewrite::rewrite(
         state,
         config,

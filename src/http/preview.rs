@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use super::body::read_limited;
 use super::call::{Call, Taken};
 use super::managed::{
-    Endpoint, check_not_empty, check_something_to_send, history_mode, mode_for_unknown_previous,
+    Endpoint, check_not_empty, check_something_to_send, continue_upstream_root, history_mode,
+    mode_for_unknown_previous,
 };
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
@@ -113,6 +114,14 @@ async fn preview(
                 stored_prefix: 0,
             },
             false,
+        )
+        .await?;
+        continue_upstream_root(
+            state.store.as_ref(),
+            &tenant.name,
+            session_id.as_deref().unwrap_or_default(),
+            &assembled,
+            &mut call,
         )
         .await?;
         let typed = typed.filter(|_| assembled.only_incoming);

@@ -30,6 +30,9 @@ pub struct Assembled {
     pub reply_parent: Option<MessageId>,
     /// `messages` are exactly the request's own, in order (no stored history was added).
     pub only_incoming: bool,
+    /// Server mode: the last stored reply of the head branch the request continues. A
+    /// Responses chain begun from a response only the upstream holds goes on from there.
+    pub head_reply: Option<MessageId>,
 }
 
 /// A request's own messages, and their chained ids from the root when already computed.
@@ -105,6 +108,15 @@ pub async fn assemble(
         }
     }
     let parent = stored.last().map(|m| m.id);
+    let head_reply = if on_head {
+        stored
+            .iter()
+            .rev()
+            .find(|m| m.origin == Origin::Reply)
+            .map(|m| m.id)
+    } else {
+        None
+    };
     let new_ids = {
         let mut ids = Vec::with_capacity(new.len());
         let mut p = parent;
@@ -151,6 +163,7 @@ pub async fn assemble(
         messages,
         ids,
         only_incoming: false,
+        head_reply,
     })
 }
 
@@ -190,6 +203,7 @@ fn client_conversation(incoming: Incoming) -> Assembled {
         messages: incoming.messages,
         ids,
         only_incoming: true,
+        head_reply: None,
     }
 }
 

@@ -251,6 +251,15 @@ pub trait Store: Send + Sync {
     /// Looks a response id up within the tenant.
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>>;
 
+    /// The upstream root recorded with the response whose reply ends at `message` in `session`
+    /// (see [`ResponseRef::upstream_root`]), if there is one.
+    async fn upstream_root_at(
+        &self,
+        tenant: &str,
+        session: &str,
+        message: MessageId,
+    ) -> Result<Option<String>>;
+
     /// The admin view of a session: the row, its branches and the head's latest summary.
     async fn session_detail(&self, tenant: &str, session: &str) -> Result<Option<SessionDetail>> {
         let Some(session_row) = self.get_session(tenant, session).await? else {

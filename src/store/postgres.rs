@@ -449,6 +449,24 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn upstream_root_at(
+        &self,
+        tenant: &str,
+        session: &str,
+        message: MessageId,
+    ) -> Result<Option<String>> {
+        let root: Option<(String,)> = sqlx::query_as(
+            "SELECT upstream_root FROM responses WHERE tenant = $1 AND session_id = $2 \
+             AND message_id = $3 AND upstream_root IS NOT NULL LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(session)
+        .bind(message.0.to_vec())
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(root.map(|(r,)| r))
+    }
+
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {
         let row: Option<(String, Vec<u8>, Option<String>)> = sqlx::query_as(
             "SELECT session_id, message_id, upstream_root FROM responses \

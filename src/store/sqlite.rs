@@ -554,6 +554,29 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn upstream_root_at(
+        &self,
+        tenant: &str,
+        session: &str,
+        message: MessageId,
+    ) -> Result<Option<String>> {
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| {
+                let root: Option<String> = conn
+                    .prepare_cached(
+                        "SELECT upstream_root FROM responses WHERE tenant = ? AND session_id = ? \
+                         AND message_id = ? AND upstream_root IS NOT NULL LIMIT 1",
+                    )?
+                    .query_row(params![tenant, session, message.0.to_vec()], |row| {
+                        row.get(0)
+                    })
+                    .optional()?;
+                Ok(root)
+            })
+            .await
+    }
+
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {
         let (tenant, response_id) = owned(tenant, response_id);
         self.threads

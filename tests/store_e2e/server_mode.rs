@@ -74,6 +74,34 @@ async fn unknown_previous_response_id_goes_with_the_items_as_received(b: Backend
     assert_eq!(input[0]["content"], "u2");
 }
 
+async fn a_chain_begun_upstream_goes_on_from_its_root_in_server_mode(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let post = |body: Value| {
+        let req = client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .bearer_auth("sk-a")
+            .header("x-session-id", "rooted")
+            .header("x-ctxproxy-history", "server")
+            .json(&body);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let first = json!({"model": "gpt-4o-mini", "input": "a1", "previous_response_id": "resp_root"});
+    assert_eq!(post(first).await, 200);
+    assert_eq!(post(json!({"model": "gpt-4o-mini", "input": "a2"})).await, 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(
+        sent["previous_response_id"], "resp_root",
+        "what only the upstream holds is still part of the conversation: {sent}"
+    );
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "a1, its reply, a2: {sent}");
+    assert_eq!(input[2]["content"], "a2");
+    // And on from that reply, too.
+    assert_eq!(post(json!({"model": "gpt-4o-mini", "input": "a3"})).await, 200);
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], "resp_root", "{sent}");
+}
+
 async fn a_server_mode_request_with_nothing_to_send_is_a_400(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
     let base = proxy.base_url();
@@ -155,6 +183,7 @@ async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend
 on_both_backends!(
     a_turn_that_failed_is_left_out_of_the_next_one,
     unknown_previous_response_id_goes_with_the_items_as_received,
+    a_chain_begun_upstream_goes_on_from_its_root_in_server_mode,
     a_server_mode_request_with_nothing_to_send_is_a_400,
     a_request_whose_client_left_while_it_waited_is_not_forwarded,
 );
