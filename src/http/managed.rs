@@ -322,7 +322,7 @@ pub(crate) fn check_something_to_send<T>(assembled: &[T], call: &Call) -> Result
     if assembled.is_empty() {
         return Err(Error::invalid(
             format!(
-                "Invalid '{param}': empty, and the session has no stored history to continue. \
+                "Invalid '{param}': empty, and there is no stored conversation to continue. \
                  Expected at least one message."
             ),
             Some(param.to_string()),

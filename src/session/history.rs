@@ -105,6 +105,14 @@ pub async fn assemble(
             // failed response. It stays stored, on a branch of its own; sending it again on
             // every later turn would fail each of them the same way.
             stored.truncate(start);
+            // A failed turn that began a branch of its own (one sent with a response id the
+            // proxy does not know starts at the root) leaves no answer on this path: the
+            // conversation goes on from the last reply the session got.
+            if !stored.iter().any(|m| m.origin == Origin::Reply)
+                && let Some(reply) = store.latest_reply(tenant, session).await?
+            {
+                stored = store.load_path(tenant, session, reply).await?;
+            }
         }
     }
     let parent = stored.last().map(|m| m.id);

@@ -251,6 +251,9 @@ pub trait Store: Send + Sync {
     /// Looks a response id up within the tenant.
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>>;
 
+    /// The most recently stored reply of `session` (origin `reply`), on whatever branch.
+    async fn latest_reply(&self, tenant: &str, session: &str) -> Result<Option<MessageId>>;
+
     /// The upstream root recorded with the response whose reply ends at `message` in `session`
     /// (see [`ResponseRef::upstream_root`]), if there is one.
     async fn upstream_root_at(

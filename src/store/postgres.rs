@@ -449,6 +449,18 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn latest_reply(&self, tenant: &str, session: &str) -> Result<Option<MessageId>> {
+        let row: Option<(Vec<u8>,)> = sqlx::query_as(
+            "SELECT id FROM messages WHERE tenant = $1 AND session_id = $2 \
+             AND origin = 'reply' ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(tenant)
+        .bind(session)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|(id,)| id_from_bytes(&id)).transpose()
+    }
+
     async fn upstream_root_at(
         &self,
         tenant: &str,

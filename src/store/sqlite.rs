@@ -554,6 +554,22 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn latest_reply(&self, tenant: &str, session: &str) -> Result<Option<MessageId>> {
+        let (tenant, session) = owned(tenant, session);
+        self.threads
+            .read(move |conn| {
+                let id: Option<Vec<u8>> = conn
+                    .prepare_cached(
+                        "SELECT id FROM messages WHERE tenant = ? AND session_id = ? \
+                         AND origin = 'reply' ORDER BY seq DESC LIMIT 1",
+                    )?
+                    .query_row(params![tenant, session], |row| row.get(0))
+                    .optional()?;
+                id.map(|id| id_from_bytes(&id)).transpose()
+            })
+            .await
+    }
+
     async fn upstream_root_at(
         &self,
         tenant: &str,

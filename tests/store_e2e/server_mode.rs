@@ -87,7 +87,10 @@ async fn a_chain_begun_upstream_goes_on_from_its_root_in_server_mode(b: Backend)
     };
     let first = json!({"model": "gpt-4o-mini", "input": "a1", "previous_response_id": "resp_root"});
     assert_eq!(post(first).await, 200);
-    assert_eq!(post(json!({"model": "gpt-4o-mini", "input": "a2"})).await, 200);
+    assert_eq!(
+        post(json!({"model": "gpt-4o-mini", "input": "a2"})).await,
+        200
+    );
     let sent = mock.requests()[1].body_json().unwrap();
     assert_eq!(
         sent["previous_response_id"], "resp_root",
@@ -97,9 +100,42 @@ async fn a_chain_begun_upstream_goes_on_from_its_root_in_server_mode(b: Backend)
     assert_eq!(input.len(), 3, "a1, its reply, a2: {sent}");
     assert_eq!(input[2]["content"], "a2");
     // And on from that reply, too.
-    assert_eq!(post(json!({"model": "gpt-4o-mini", "input": "a3"})).await, 200);
+    assert_eq!(
+        post(json!({"model": "gpt-4o-mini", "input": "a3"})).await,
+        200
+    );
     let sent = mock.requests()[2].body_json().unwrap();
     assert_eq!(sent["previous_response_id"], "resp_root", "{sent}");
+}
+
+async fn a_failed_turn_on_a_branch_of_its_own_leaves_the_conversation_where_it_was(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let post = |body: Value, fail: Option<&'static str>| {
+        let mut req = client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .bearer_auth("sk-a")
+            .header("x-session-id", "moved")
+            .header("x-ctxproxy-history", "server")
+            .json(&body);
+        if let Some(s) = fail {
+            req = req.header("x-mock-status", s);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post(json!({"model": "m", "input": "r1"}), None).await, 200);
+    // Sent as received (the upstream holds that history), stored from the root, and failed.
+    let elsewhere = json!({"model": "m", "input": "x", "previous_response_id": "resp_unknown"});
+    assert_eq!(post(elsewhere, Some("500")).await, 500);
+    assert_eq!(
+        post(json!({"model": "m", "input": "next"}), None).await,
+        200
+    );
+    let sent = mock.requests()[2].body_json().unwrap();
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "r1, its reply, next: {sent}");
+    assert_eq!(input[0]["content"], "r1");
+    assert_eq!(input[2]["content"], "next");
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
 }
 
 async fn a_server_mode_request_with_nothing_to_send_is_a_400(b: Backend) {
@@ -184,6 +220,7 @@ on_both_backends!(
     a_turn_that_failed_is_left_out_of_the_next_one,
     unknown_previous_response_id_goes_with_the_items_as_received,
     a_chain_begun_upstream_goes_on_from_its_root_in_server_mode,
+    a_failed_turn_on_a_branch_of_its_own_leaves_the_conversation_where_it_was,
     a_server_mode_request_with_nothing_to_send_is_a_400,
     a_request_whose_client_left_while_it_waited_is_not_forwarded,
 );
