@@ -642,11 +642,14 @@ async fn legacy_functions_calls_and_refusals_are_counted() {
     assert_eq!(sent["functions"], json!([functions[0]]));
     assert_eq!(
         header("x-ctxproxy-tokens-in"),
-        formula + encoding.count(&functions.to_string())
+        formula + encoding.count(&ctxproxy::conversation::dumps::python_dumps(&functions))
     );
     assert_eq!(
         header("x-ctxproxy-tokens-out"),
-        formula + encoding.count(&sent["functions"].to_string())
+        formula
+            + encoding.count(&ctxproxy::conversation::dumps::python_dumps(
+                &sent["functions"]
+            ))
     );
     // The call and the refusal are in the formula: without them the count is far less.
     let calls_and_refusal = encoding.count("search_web")

@@ -15,6 +15,7 @@ use super::policy::CompressToolOutput;
 use super::report::Compressed;
 use super::work::{Item, Work};
 use crate::conversation::Message;
+use crate::conversation::dumps::python_dumps;
 use crate::tokens::{
     Compressed as CompressedText, Encoding, NON_TEXT_PART_TOKENS, content_tokens, message_tokens,
     part_text,
@@ -148,14 +149,12 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
                 |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
             let mut order: Vec<String> = map.keys().rev().cloned().collect();
             order.sort_by_key(|k| !is_container(k)); // stable: each group stays end-first
-            let mut omitted = 0usize;
             for key in order {
-                // Shifted out, not swapped: the entries left keep their order.
+                // Shifted out, not swapped: the entries left keep their order. No marker of its
+                // own: `_compressed` says the result is not whole, and a count of what went
+                // would cost tokens that a scalar should have (SPEC: scalars go last).
                 map.shift_remove(&key);
-                omitted += 1;
-                let mut candidate = map.clone();
-                candidate.insert("_omitted_keys".into(), Value::from(omitted));
-                let text = written(&mark(Value::Object(candidate)));
+                let text = written(&mark(Value::Object(map.clone())));
                 if fits(encoding, &text, max_tokens) {
                     return Some(text);
                 }
@@ -170,38 +169,7 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
 /// which most tool results are written): `{"items": [0, 1, "… (96 more items)", 98, 99],
 /// "_compressed": true}`, as SPEC 5 writes the marker.
 fn written(value: &Value) -> String {
-    /// `", "` before every entry but the first.
-    fn separate<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-    struct Spaced;
-    impl serde_json::ser::Formatter for Spaced {
-        fn begin_array_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            separate(w, first)
-        }
-        fn begin_object_key<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            separate(w, first)
-        }
-        fn begin_object_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-        ) -> std::io::Result<()> {
-            w.write_all(b": ")
-        }
-    }
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, Spaced);
-    // Writing a `Value` into a Vec cannot fail, and the output is UTF-8.
-    let _ = serde::Serialize::serialize(value, &mut ser);
-    String::from_utf8(out).unwrap_or_default()
+    python_dumps(value)
 }
 
 /// Adds the `_compressed` marker to a top-level object (an array has nowhere to carry it; its
@@ -572,8 +540,27 @@ mod tests {
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["z_first", "m_mid", "a_last", "_omitted_keys", "_compressed"],
+            ["z_first", "list_a", "m_mid", "a_last", "_compressed"],
             "{out}"
         );
+    }
+
+    /// SPEC 5 step 4: top-level scalars are the last thing given up. Every scalar that fits
+    /// stays once the containers are gone (a marker counting the dropped keys used to cost the
+    /// tokens of one: `{"id": 7, "_omitted_keys": 2, ...}` for a limit `{"id": 7, "ok": true}` fits).
+    #[test]
+    fn top_level_scalars_stay_when_they_fit() {
+        let rows: Vec<Value> = (0..6)
+            .map(|_| serde_json::json!({"x": "y".repeat(30)}))
+            .collect();
+        let text = serde_json::json!({"data": rows, "id": 7, "ok": true}).to_string();
+        let out = compress(Encoding::O200kBase, &text, 20).unwrap();
+        assert_eq!(out, r#"{"id": 7, "ok": true, "_compressed": true}"#);
+        let text =
+            serde_json::json!({"id": 7, "status": "ok", "note": "n".repeat(150)}).to_string();
+        let out = compress(Encoding::O200kBase, &text, 20).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["id"], 7, "{out}");
+        assert_eq!(v["status"], "ok", "{out}");
     }
 }

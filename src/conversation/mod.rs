@@ -3,6 +3,7 @@
 //! in `extra` maps so that an untouched message is re-emitted as received.
 
 pub mod chat;
+pub mod dumps;
 pub mod identity;
 pub mod message;
 pub mod responses;

@@ -147,10 +147,11 @@ impl TokenCounter {
         n
     }
 
-    /// Tokens of the request's `tools` JSON (compact serialisation). Cached by content, since a
-    /// client sends the same tools array on every turn.
+    /// Tokens of the request's `tools` JSON, written as Python's `json.dumps` writes it (SPEC 5.1
+    /// "the tokens of its JSON"; the same text compressed results are written in). Cached by
+    /// content, since a client sends the same tools array on every turn.
     pub fn tools(&self, encoding: Encoding, tools: &Value) -> u64 {
-        let json = serde_json::to_string(tools).unwrap_or_default();
+        let json = crate::conversation::dumps::python_dumps(tools);
         let mut h = Sha256::new();
         h.update(b"ctxproxy tools\0");
         h.update(json.as_bytes());
@@ -458,7 +459,8 @@ mod tests {
         let e = Encoding::Approximate;
         let m = Message::text(Role::User, "abcd");
         let tools = json!([{"type":"function"}]);
-        let json_len = tools.to_string().chars().count() as u64;
+        // SPEC 5.1 "the tokens of its JSON", as Python's `json.dumps(tools)` writes it.
+        let json_len = r#"[{"type": "function"}]"#.chars().count() as u64;
         assert_eq!(
             c.request(e, std::slice::from_ref(&m), None, Some(&tools)),
             message_tokens(e, &m) + 3 + json_len.div_ceil(4)
