@@ -1292,3 +1292,111 @@ async fn the_next_turn_sent_at_done_finds_the_streamed_reply() {
         );
     }
 }
+
+/// Managed routes send the client's query along (Azure's `api-version`, an SDK's
+/// `default_query`), after any query of the tenant's base URL; it used to be dropped.
+#[tokio::test]
+async fn managed_routes_keep_the_query() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    for path in ["chat/completions", "responses"] {
+        let body = if path == "responses" {
+            json!({"model": "m", "input": "hi"})
+        } else {
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        };
+        let resp = client()
+            .post(format!(
+                "{}/{path}?api-version=2024-10-21&x=%2B",
+                proxy.base_url()
+            ))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    let queries: Vec<Option<String>> = mock.requests().iter().map(|r| r.query.clone()).collect();
+    let expected = Some("api-version=2024-10-21&x=%2B".to_string());
+    assert_eq!(queries, [expected.clone(), expected]);
+
+    let opts = ProxyOptions {
+        tenants: vec![(
+            "default".into(),
+            "keys: any\nupstream:\n  base_url: \"{upstream}?api-version=1\"\n".into(),
+        )],
+        ..Default::default()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let resp = client()
+        .post(format!("{}/chat/completions?x=2", proxy.base_url()))
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let resp = client()
+        .get(format!("{}/models", proxy.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen: Vec<(String, Option<String>)> = mock
+        .requests()
+        .iter()
+        .map(|r| (r.path.clone(), r.query.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "/v1/chat/completions".into(),
+                Some("api-version=1&x=2".into())
+            ),
+            ("/v1/models".into(), Some("api-version=1".into())),
+        ]
+    );
+}
+
+/// A managed body declared over the limit is refused before it is read (no `100 Continue`,
+/// no 32 MiB upload first); an encoded (gzip) body gets a 400 that says so.
+#[tokio::test]
+async fn managed_bodies_too_large_or_encoded_are_refused_up_front() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let opts = ProxyOptions {
+        max_body_bytes: 1024,
+        ..Default::default()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let addr = proxy
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = vec![0u8; 12];
+    conn.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&head));
+
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    let message = assert_openai_error(&v)["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(message.contains("Content-Encoding `gzip`"), "{message}");
+    assert!(mock.requests().is_empty());
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::Either;
 use tracing::Instrument;
@@ -85,22 +85,30 @@ impl Endpoint {
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run(state, headers, body, Endpoint::Chat).await
+    run(state, uri, headers, body, Endpoint::Chat).await
 }
 
 /// `POST /v1/responses`.
 pub async fn responses(
     State(state): State<Arc<AppState>>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    run(state, headers, body, Endpoint::Responses).await
+    run(state, uri, headers, body, Endpoint::Responses).await
 }
 
-async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: Endpoint) -> Response {
+async fn run(
+    state: Arc<AppState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+    endpoint: Endpoint,
+) -> Response {
     let request_id = request_id::from_headers(&headers);
     let span =
         tracing::info_span!("request", request_id = %request_id, endpoint = endpoint.as_str());
@@ -117,7 +125,12 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
     let background = state.background.clone();
     // Dropped with this future: when the client goes away, or once its answer has begun.
     let client = ClientPresence::default();
-    let task = background.spawn(handle(state, headers, body, log, client.watch()).instrument(span));
+    let request = ClientRequest {
+        query: uri.query().map(str::to_string),
+        headers,
+        body,
+    };
+    let task = background.spawn(handle(state, request, log, client.watch()).instrument(span));
     let mut response = match task.await {
         Ok(r) => r,
         Err(e) => Error::Internal(format!("request task failed: {e}")).into_response(),
@@ -128,6 +141,14 @@ async fn run(state: Arc<AppState>, headers: HeaderMap, body: Body, endpoint: End
             .insert(request_id::RESPONSE_HEADER, v);
     }
     response
+}
+
+/// What the client sent, less the path (the route says which endpoint it is).
+struct ClientRequest {
+    /// Forwarded with the request (Azure's `api-version`, an SDK's `default_query`).
+    query: Option<String>,
+    headers: HeaderMap,
+    body: Body,
 }
 
 /// Whether the client of a request is still waiting for its answer. The request's work runs on
@@ -199,13 +220,25 @@ impl AccessLog {
 
 async fn handle(
     state: Arc<AppState>,
-    headers: HeaderMap,
-    body: Body,
+    request: ClientRequest,
     mut log: AccessLog,
     client: ClientWatch,
 ) -> Response {
     let config = state.config.load_full();
-    let mut response = match forward(&state, &config, &headers, body, &mut log, &client).await {
+    let ClientRequest {
+        query,
+        headers,
+        body,
+    } = request;
+    let sent = forward(
+        &state,
+        &config,
+        (&headers, query.as_deref()),
+        body,
+        &mut log,
+        &client,
+    );
+    let mut response = match sent.await {
         Ok(Answer::Complete(response)) => {
             log.write(response.status());
             response
@@ -354,7 +387,7 @@ struct Prepared {
 async fn forward(
     state: &Arc<AppState>,
     config: &Config,
-    client_headers: &HeaderMap,
+    (client_headers, query): (&HeaderMap, Option<&str>),
     body: Body,
     log: &mut AccessLog,
     client: &ClientWatch,
@@ -362,7 +395,30 @@ async fn forward(
     let selected = tenant::select(config, client_headers)?;
     let tenant = selected.tenant.clone();
     log.tenant = Some(tenant.name.clone());
-    let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
+    let limit = config.server.server.max_body_bytes;
+    // A body declared too large is refused before it is read (and before `100 Continue`).
+    let declared = client_headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(Error::RequestTooLarge { limit });
+    }
+    // The body is read as JSON, so it must come as JSON (OpenAI's API takes no other).
+    if let Some(encoding) = client_headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"))
+    {
+        return Err(Error::invalid(
+            format!(
+                "request bodies sent with Content-Encoding `{encoding}` are not supported on this route; send the JSON uncompressed"
+            ),
+            None,
+        ));
+    }
+    let bytes = read_limited(body, limit).await?;
     let call = Call::parse(log.endpoint, &bytes)?;
     let param = log.endpoint.conversation_param();
     let prepared = prepare(state, config, &selected, client_headers, call, log)
@@ -378,7 +434,7 @@ async fn forward(
             .await;
         return Err(Error::ClientClosed);
     }
-    send(state, &selected, client_headers, prepared, log).await
+    send(state, &selected, (client_headers, query), prepared, log).await
 }
 
 /// Resolves the session, stores the new messages and rewrites the conversation.
@@ -557,7 +613,7 @@ async fn prepare(
 async fn send(
     state: &Arc<AppState>,
     selected: &Selected,
-    client_headers: &HeaderMap,
+    (client_headers, query): (&HeaderMap, Option<&str>),
     prepared: Prepared,
     log: &mut AccessLog,
 ) -> Result<Answer> {
@@ -585,7 +641,8 @@ async fn send(
             &client,
             Outgoing {
                 method: Method::POST,
-                url: format!("{}{}", tenant.upstream_base, log.endpoint.upstream_path()),
+                // The client's query goes too (Azure's `api-version`, an SDK's `default_query`).
+                url: upstream::url(&tenant.upstream_base, log.endpoint.upstream_path(), query),
                 headers: headers::to_upstream(client_headers, &auth, true),
                 body: reqwest::Body::from(body),
                 header_timeout: timeout,
@@ -605,7 +662,7 @@ async fn send(
     };
 
     let status = resp.status();
-    let mut resp_headers = headers::to_client(resp.headers(), headers::Length::Drop);
+    let mut resp_headers = headers::to_client(resp.headers(), headers::Length::Drop, &auth);
     if let Some(r) = &report {
         resp_headers.insert(TOKENS_IN_HEADER, HeaderValue::from(r.tokens_in));
         resp_headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(r.tokens_out));

@@ -132,11 +132,7 @@ async fn forward_inner(
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let mut url = format!("{}{}", tenant.upstream_base, rest);
-    if let Some(q) = parts.uri.query() {
-        url.push('?');
-        url.push_str(q);
-    }
+    let url = crate::upstream::url(&tenant.upstream_base, rest, parts.uri.query());
     let auth = tenant::upstream_auth(&selected);
     let out_headers = headers::to_upstream(&parts.headers, &auth, false);
     // A body without a length found over the limit on the way: a 413, not an upstream error.
@@ -182,7 +178,7 @@ async fn forward_inner(
     Ok(Answer {
         status: resp.status(),
         // The body goes as it came, so its length still holds (a HEAD's is all it says).
-        headers: headers::to_client(resp.headers(), headers::Length::Keep),
+        headers: headers::to_client(resp.headers(), headers::Length::Keep, &auth),
         body: upstream::relay::passthrough(resp, timeout),
     })
 }

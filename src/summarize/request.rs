@@ -136,7 +136,7 @@ pub async fn summarise(target: &Target<'_>, body: &Value) -> Result<String> {
             target.client,
             Outgoing {
                 method: axum::http::Method::POST,
-                url: format!("{}/chat/completions", target.base_url),
+                url: crate::upstream::url(target.base_url, "/chat/completions", None),
                 headers,
                 body: reqwest::Body::from(bytes),
                 header_timeout: target.timeout,

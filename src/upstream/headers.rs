@@ -57,14 +57,18 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         {
             continue;
         }
-        if managed && (name == header::CONTENT_LENGTH || name == header::ACCEPT_ENCODING) {
+        // A managed body is the proxy's own plain JSON: the client's length and encoding were
+        // of another body.
+        if managed
+            && (name == header::CONTENT_LENGTH
+                || name == header::ACCEPT_ENCODING
+                || name == header::CONTENT_ENCODING)
+        {
             continue;
         }
         // With the tenant's own key upstream, the organisation and project are the key's: a
         // client must not pick another one the operator's key happens to belong to.
-        if matches!(auth, UpstreamAuth::Replace(_))
-            && matches!(name.as_str(), "openai-organization" | "openai-project")
-        {
+        if matches!(auth, UpstreamAuth::Replace(_)) && is_account_header(name) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -101,19 +105,27 @@ pub enum Length {
 }
 
 /// The upstream's response headers as relayed to the client.
-pub fn to_client(upstream: &HeaderMap, length: Length) -> HeaderMap {
+/// For keyed tenants the operator's account headers (`openai-organization`, `openai-project`)
+/// stay with the proxy, as they do on the way up.
+pub fn to_client(upstream: &HeaderMap, length: Length, auth: &UpstreamAuth) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(upstream.len());
     let listed = connection_listed(upstream);
     for (name, value) in upstream {
         if is_hop_by_hop(name)
             || listed.contains(name)
             || (name == header::CONTENT_LENGTH && length == Length::Drop)
+            || (matches!(auth, UpstreamAuth::Replace(_)) && is_account_header(name))
         {
             continue;
         }
         out.append(name.clone(), value.clone());
     }
     out
+}
+
+/// The headers that name the OpenAI account a key belongs to.
+fn is_account_header(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "openai-organization" | "openai-project")
 }
 
 /// The bearer token of an Authorization header, if any.
@@ -151,7 +163,7 @@ mod tests {
             ("x-kept", "3"),
         ]);
         let up = to_upstream(&msg, &UpstreamAuth::Forward, false);
-        let down = to_client(&msg, Length::Drop);
+        let down = to_client(&msg, Length::Drop, &UpstreamAuth::Forward);
         for out in [up, down] {
             assert!(out.get("x-drop-me").is_none());
             assert!(out.get("x-also").is_none());
@@ -163,9 +175,12 @@ mod tests {
     #[test]
     fn a_relayed_body_keeps_its_length_and_expect_stays_here() {
         let msg = headers(&[("content-length", "5000"), ("expect", "100-continue")]);
-        assert_eq!(to_client(&msg, Length::Keep)["content-length"], "5000");
+        assert_eq!(
+            to_client(&msg, Length::Keep, &UpstreamAuth::Forward)["content-length"],
+            "5000"
+        );
         assert!(
-            to_client(&msg, Length::Drop)
+            to_client(&msg, Length::Drop, &UpstreamAuth::Forward)
                 .get("content-length")
                 .is_none()
         );
@@ -188,5 +203,21 @@ mod tests {
         let open = to_upstream(&msg, &UpstreamAuth::Forward, false);
         assert_eq!(open["openai-organization"], "org-other");
         assert_eq!(open["openai-project"], "proj-other");
+    }
+
+    #[test]
+    fn keyed_tenants_keep_the_account_headers_to_themselves() {
+        let msg = headers(&[
+            ("openai-organization", "org-operator"),
+            ("x-request-id", "r"),
+        ]);
+        let keyed = UpstreamAuth::Replace(Some("sk-op".into()));
+        let down = to_client(&msg, Length::Drop, &keyed);
+        assert!(down.get("openai-organization").is_none());
+        assert_eq!(down["x-request-id"], "r");
+        let open = to_client(&msg, Length::Drop, &UpstreamAuth::Forward);
+        assert_eq!(open["openai-organization"], "org-operator");
+        let up = to_upstream(&headers(&[("content-encoding", "gzip")]), &keyed, true);
+        assert!(up.get("content-encoding").is_none());
     }
 }

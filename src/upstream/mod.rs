@@ -69,6 +69,22 @@ pub async fn send(client: &reqwest::Client, out: Outgoing) -> Result<reqwest::Re
     }
 }
 
+/// The URL of `path` (after `/v1`) at the tenant's upstream `base`, with the client's `query`.
+/// A base URL may carry a query of its own (Azure's `?api-version=…`): the path goes before it,
+/// and the client's query follows it.
+pub fn url(base: &str, path: &str, query: Option<&str>) -> String {
+    let (base_path, base_query) = match base.split_once('?') {
+        Some((p, q)) => (p.trim_end_matches('/'), Some(q).filter(|q| !q.is_empty())),
+        None => (base, None),
+    };
+    let query = match (base_query, query.filter(|q| !q.is_empty())) {
+        (Some(b), Some(c)) => format!("?{b}&{c}"),
+        (Some(q), None) | (None, Some(q)) => format!("?{q}"),
+        (None, None) => String::new(),
+    };
+    format!("{base_path}{path}{query}")
+}
+
 /// A transport error as the crate's error: timeouts are 504, everything else 502.
 pub fn map_reqwest(e: reqwest::Error, limit: Duration) -> Error {
     if e.is_timeout() {
@@ -85,5 +101,35 @@ pub fn map_reqwest(e: reqwest::Error, limit: Duration) -> Error {
             source = s.source();
         }
         Error::UpstreamUnreachable(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url;
+
+    #[test]
+    fn urls_put_the_path_before_any_query_of_the_base() {
+        assert_eq!(url("http://u/v1", "/models", None), "http://u/v1/models");
+        assert_eq!(
+            url("http://u/v1", "/models", Some("a=1")),
+            "http://u/v1/models?a=1"
+        );
+        assert_eq!(
+            url("http://u/v1", "/models", Some("")),
+            "http://u/v1/models"
+        );
+        assert_eq!(
+            url(
+                "http://u/openai/v1/?api-version=2",
+                "/chat/completions",
+                Some("x=%2B")
+            ),
+            "http://u/openai/v1/chat/completions?api-version=2&x=%2B"
+        );
+        assert_eq!(
+            url("http://u/v1?v=2", "/models", None),
+            "http://u/v1/models?v=2"
+        );
     }
 }
