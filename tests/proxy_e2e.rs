@@ -1400,3 +1400,75 @@ async fn managed_bodies_too_large_or_encoded_are_refused_up_front() {
     assert!(message.contains("Content-Encoding `gzip`"), "{message}");
     assert!(mock.requests().is_empty());
 }
+
+/// A WebSocket upgrade (the Realtime API's `GET /v1/realtime`) goes through: the upgrade
+/// headers reach the upstream, its 101 reaches the client, and then bytes flow both ways.
+#[tokio::test]
+async fn an_upgrade_is_forwarded_and_joined() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// Reads an HTTP head (up to the blank line).
+    async fn head(conn: &mut tokio::net::TcpStream) -> String {
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            conn.read_exact(&mut byte).await.unwrap();
+            buf.push(byte[0]);
+        }
+        String::from_utf8(buf).unwrap()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}/v1", listener.local_addr().unwrap());
+    let seen = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let request = head(&mut conn).await;
+        conn.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        // An echo, in upper case, so that the client knows the answer came from here.
+        let mut buf = [0u8; 4];
+        conn.read_exact(&mut buf).await.unwrap();
+        conn.write_all(&buf.to_ascii_uppercase()).await.unwrap();
+        request
+    });
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let addr = proxy
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(
+        b"GET /v1/realtime?model=gpt-realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n\
+          Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer sk-x\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let answer = head(&mut conn).await.to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 101"), "{answer}");
+    assert!(answer.contains("upgrade: websocket"), "{answer}");
+    assert!(
+        answer.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{answer}"
+    );
+    conn.write_all(b"ping").await.unwrap();
+    let mut echoed = [0u8; 4];
+    conn.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"PING");
+
+    let request = seen.await.unwrap().to_ascii_lowercase();
+    assert!(
+        request.starts_with("get /v1/realtime?model=gpt-realtime http/1.1"),
+        "{request}"
+    );
+    assert!(request.contains("upgrade: websocket"), "{request}");
+    assert!(request.contains("connection: upgrade"), "{request}");
+    assert!(
+        request.contains("sec-websocket-key: dghlihnhbxbszsbub25jzq=="),
+        "{request}"
+    );
+    assert!(request.contains("authorization: bearer sk-x"), "{request}");
+}

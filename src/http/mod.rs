@@ -15,6 +15,7 @@ pub mod rewrite;
 pub mod serve;
 pub mod shape;
 pub mod tenant;
+pub mod upgrade;
 
 use std::sync::Arc;
 

@@ -20,6 +20,17 @@ use crate::upstream::{self, Outgoing, headers};
 
 /// Forwards the request to the tenant's upstream and relays the answer as it comes.
 pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    if super::upgrade::is_upgrade(request.headers()) {
+        let path = request.uri().path().to_string();
+        let forwarded = match check_path(request.method(), &path) {
+            Ok(()) => {
+                let rest = path.strip_prefix("/v1").unwrap_or(&path);
+                super::upgrade::forward(&state, request, rest).await
+            }
+            Err(e) => Err(e),
+        };
+        return forwarded.unwrap_or_else(IntoResponse::into_response);
+    }
     let mut done = Done {
         started: Instant::now(),
         request_id: request_id::from_headers(request.headers()),

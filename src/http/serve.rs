@@ -77,7 +77,7 @@ pub async fn serve(
                 req.map(Body::new)
             }));
         let conn = builder
-            .serve_connection(TokioIo::new(tcp), service)
+            .serve_connection_with_upgrades(TokioIo::new(tcp), service)
             .into_owned();
         let conn = graceful.watch(conn);
         let stopping = stopping.clone();

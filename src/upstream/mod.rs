@@ -19,13 +19,22 @@ use crate::error::{Error, Result};
 /// cheap and shares its connection pool, so the lock is held only to look one up.
 #[derive(Default)]
 pub struct Upstream {
-    clients: Mutex<HashMap<u64, reqwest::Client>>,
+    clients: Mutex<HashMap<(u64, bool), reqwest::Client>>,
 }
 
 impl Upstream {
     /// The client for a connect timeout, built on first use.
     pub fn client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
-        let key = connect_timeout.as_millis() as u64;
+        self.client_for(connect_timeout, false)
+    }
+
+    /// Like [`Upstream::client`], speaking HTTP/1.1 only (for protocol upgrades).
+    pub fn http1_client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
+        self.client_for(connect_timeout, true)
+    }
+
+    fn client_for(&self, connect_timeout: Duration, http1_only: bool) -> Result<reqwest::Client> {
+        let key = (connect_timeout.as_millis() as u64, http1_only);
         let mut clients = self
             .clients
             .lock()
@@ -33,7 +42,11 @@ impl Upstream {
         if let Some(c) = clients.get(&key) {
             return Ok(c.clone());
         }
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        if http1_only {
+            builder = builder.http1_only();
+        }
+        let client = builder
             .connect_timeout(connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
