@@ -20,7 +20,7 @@ use crate::upstream::{self, Outgoing, headers};
 
 /// Forwards the request to the tenant's upstream and relays the answer as it comes.
 pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    if super::upgrade::is_upgrade(request.headers()) {
+    if super::upgrade::is_upgrade(request.method(), request.headers()) {
         let path = request.uri().path().to_string();
         let forwarded = match check_path(request.method(), &path) {
             Ok(()) => {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 
@@ -17,15 +17,24 @@ use crate::app::AppState;
 use crate::error::{Error, Result};
 use crate::upstream::{self, Outgoing, headers};
 
-/// Whether `headers` ask for a protocol upgrade (`Connection: upgrade` and an `Upgrade`).
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers
+/// Whether a request asks for a protocol upgrade this module forwards: a `GET` with
+/// `Connection: upgrade` and an `Upgrade` other than `h2c`. (curl's `--http2` offers `h2c` on
+/// any request, a POST with its body too; the proxy does not take that offer, and such a
+/// request goes on as the HTTP/1.1 request it also is.)
+pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
+    let wanted = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("h2c"));
+    if method != Method::GET || !wanted {
+        return false;
+    }
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    connection_upgrade && headers.contains_key(header::UPGRADE)
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
 /// Forwards an upgrade request; on the upstream's 101 answers 101 and joins the connections.
@@ -105,4 +114,39 @@ pub async fn forward(state: &AppState, mut request: Request, path: &str) -> Resu
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     *response.headers_mut() = answer_headers;
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_a_get_asking_for_another_protocol_than_h2c_is_an_upgrade() {
+        let ws = headers(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+        ]);
+        assert!(is_upgrade(&Method::GET, &ws));
+        assert!(!is_upgrade(&Method::POST, &ws));
+        let h2c = headers(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+        ]);
+        assert!(!is_upgrade(&Method::GET, &h2c));
+        assert!(!is_upgrade(
+            &Method::GET,
+            &headers(&[("upgrade", "websocket")])
+        ));
+    }
 }
