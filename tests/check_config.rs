@@ -511,6 +511,28 @@ fn a_bad_database_url_is_a_problem_that_keeps_its_password_secret() {
     assert_eq!(run("postgres://u:pw@localhost/db").status.code(), Some(0));
 }
 
+/// A bad `upstream.base_url` is named without the credentials it may hold, and one the HTTP
+/// client could never use (an unclosed IPv6 bracket, a space) is a problem, not an `ok`.
+#[test]
+fn a_bad_upstream_url_is_a_problem_that_keeps_its_credentials_secret() {
+    for url in [
+        "ftp://user:SeCrEtPw@127.0.0.1/v1",
+        "http://user:SeCrEtPw@[zz/v1",
+        "http://127.0.0.1/v 1",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let tenant = format!("keys: any\nupstream:\n  base_url: \"{url}\"\n");
+        let server = write(dir.path(), &[("acme", tenant.as_str())]);
+        let (code, out) = check(&server);
+        assert_eq!(code, 1, "{url}: {out}");
+        assert!(
+            out.contains("tenants/acme.yaml: upstream.base_url: "),
+            "{url}: {out}"
+        );
+        assert!(!out.contains("SeCrEtPw"), "{url}: {out}");
+    }
+}
+
 /// `serve` refuses a malformed URL the same way, and does not print it either.
 #[test]
 fn serve_with_a_malformed_database_url_fails_without_printing_it() {

@@ -1471,4 +1471,14 @@ async fn an_upgrade_is_forwarded_and_joined() {
         "{request}"
     );
     assert!(request.contains("authorization: bearer sk-x"), "{request}");
+    // Counted (and logged) as it opened.
+    let metrics = proxy.metrics_text().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ctxproxy_requests_total")
+                && l.contains("endpoint=\"passthrough\"")
+                && l.contains("status=\"101\"")),
+        "{metrics}"
+    );
 }

@@ -317,8 +317,11 @@ async fn resp_session(proxy: &Proxy) -> String {
     list["data"][0]["id"].as_str().unwrap().to_string()
 }
 
+/// The model's own call to a forbidden tool goes to the client as written (the client decides
+/// what to do with it) and is logged; it is no rewrite, so `ctxproxy_rewrites_total` does not
+/// count it (the metric adds up to the reports' entries).
 #[tokio::test]
-async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
+async fn a_reply_calling_a_forbidden_tool_is_returned_and_not_counted_as_a_rewrite() {
     let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
     let (proxy, _mock) = proxy_and_mock(opts).await;
     let body = json!({"model": "m", "tools": all_tools(), "messages": [{"role": "user", "content": "call get_account_balance {\"account\": \"ACC-001\"}"}]});
@@ -330,12 +333,12 @@ async fn a_reply_calling_a_forbidden_tool_is_returned_but_counted() {
         "the client decides what to do with it"
     );
     let metrics = proxy.metrics_text().await;
-    let line = metrics
+    let count: f64 = metrics
         .lines()
         .find(|l| l.starts_with("ctxproxy_rewrites_total{reason=\"tool_access\"}"))
-        .expect("the tool_access rewrite series");
-    let count: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(count >= 1.0, "{line}");
+        .and_then(|l| l.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().unwrap());
+    assert_eq!(count, 0.0, "{metrics}");
 }
 
 async fn responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {

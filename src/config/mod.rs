@@ -412,14 +412,20 @@ fn build_tenant(
         )));
     }
     let base = upstream_override.unwrap_or(&file.upstream.base_url);
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
+    let web = base.starts_with("http://") || base.starts_with("https://");
+    // What the HTTP client will refuse on every request (an unclosed IPv6 bracket, a bad
+    // port) or quietly turn into another path (a space) is refused here instead.
+    let unusable =
+        web && (reqwest::Url::parse(base).is_err() || base.chars().any(char::is_whitespace));
+    if !web || unusable {
         problems.push(problem(format!(
-            "upstream.base_url{}: expected an http:// or https:// URL, found `{base}`",
+            "upstream.base_url{}: expected an http:// or https:// URL, found `{}`",
             if upstream_override.is_some() {
                 format!(" (from {})", env::UPSTREAM_URL)
             } else {
                 String::new()
-            }
+            },
+            without_credentials(base)
         )));
     }
     // `api_key_env` is optional with listed keys (SPEC 2 does not require it): without it no
@@ -515,4 +521,40 @@ pub(crate) fn is_tenant_file(path: &std::path::Path) -> bool {
         .file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with('.'));
     !hidden && path.extension().is_some_and(|x| x == "yaml" || x == "yml")
+}
+
+/// A URL as it may be printed: credentials in it (`user:pass@`) are masked. Secrets never appear
+/// in logs or errors (SPEC 8), not even in a URL the proxy refuses.
+fn without_credentials(url: &str) -> String {
+    let (scheme, rest) = match url.split_once("://") {
+        Some(parts) => parts,
+        None => ("", url),
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let sep = if scheme.is_empty() { "" } else { "://" };
+            format!("{scheme}{sep}***@{}", &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_credentials;
+
+    #[test]
+    fn urls_are_printed_without_credentials() {
+        assert_eq!(
+            without_credentials("ftp://user:secret@host/v1"),
+            "ftp://***@host/v1"
+        );
+        assert_eq!(
+            without_credentials("http://host/v1?a=b@c"),
+            "http://host/v1?a=b@c"
+        );
+        assert_eq!(without_credentials("user:secret@host"), "***@host");
+        assert_eq!(without_credentials("not a url"), "not a url");
+    }
 }

@@ -205,9 +205,15 @@ fn flag_forbidden_calls(reply: &Reply, allowed: &Allowed) {
         chat.chain(item)
     });
     for name in names {
+        // Logged, not counted as a rewrite: the reply goes to the client as the model wrote it
+        // (`ctxproxy_rewrites_total` adds up to the reports' entries).
         if !allowed.permits(name) {
-            metrics::rewrite("tool_access", 1);
-            tracing::warn!(tool = name, role = ?allowed.role, "the model called a tool this role may not use");
+            let role = allowed.role.as_deref().unwrap_or("-");
+            tracing::warn!(
+                tool = name,
+                role,
+                "the model called a tool this role may not use"
+            );
         }
     }
 }

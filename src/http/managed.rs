@@ -630,9 +630,6 @@ async fn send(
         .client(Duration::from_secs(up.connect_timeout_s))?;
     let auth = tenant::upstream_auth(selected);
     let body = call.to_body()?;
-    if let Some(r) = &report {
-        crate::metrics::tokens(&tenant.name, r.tokens_in, r.tokens_out);
-    }
     let upstream_started = Instant::now();
     log.upstream = Some((upstream_started, None));
     let sent = until_aborted(
@@ -661,6 +658,11 @@ async fn send(
         }
     };
 
+    // Counted once the upstream has the request (it answered, whatever it said): a request
+    // that never reached it sent no tokens.
+    if let Some(r) = &report {
+        crate::metrics::tokens(&tenant.name, r.tokens_in, r.tokens_out);
+    }
     let status = resp.status();
     let mut resp_headers = headers::to_client(resp.headers(), headers::Length::Drop, &auth);
     if let Some(r) = &report {

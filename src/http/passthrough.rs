@@ -20,17 +20,6 @@ use crate::upstream::{self, Outgoing, headers};
 
 /// Forwards the request to the tenant's upstream and relays the answer as it comes.
 pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    if super::upgrade::is_upgrade(request.method(), request.headers()) {
-        let path = request.uri().path().to_string();
-        let forwarded = match check_path(request.method(), &path) {
-            Ok(()) => {
-                let rest = path.strip_prefix("/v1").unwrap_or(&path);
-                super::upgrade::forward(&state, request, rest).await
-            }
-            Err(e) => Err(e),
-        };
-        return forwarded.unwrap_or_else(IntoResponse::into_response);
-    }
     let mut done = Done {
         started: Instant::now(),
         request_id: request_id::from_headers(request.headers()),
@@ -39,6 +28,21 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
         upstream_started: None,
         status: 0,
     };
+    if super::upgrade::is_upgrade(request.method(), request.headers()) {
+        // Recorded (metrics, access log) as it opens, or as it fails: `done` drops here.
+        let path = done.path.clone();
+        let forwarded = match check_path(request.method(), &path) {
+            Ok(()) => {
+                let rest = path.strip_prefix("/v1").unwrap_or(&path);
+                done.upstream_started = Some(Instant::now());
+                super::upgrade::forward(&state, request, rest, &mut done.tenant).await
+            }
+            Err(e) => Err(e),
+        };
+        let response = forwarded.unwrap_or_else(IntoResponse::into_response);
+        done.status = response.status().as_u16();
+        return response;
+    }
     let (mut response, relayed) = match forward_inner(&state, request, &mut done).await {
         Ok(answer) => {
             let mut response = Response::new(Body::empty());

@@ -4,7 +4,7 @@
 //! `Upgrade` and `Connection` are hop-by-hop headers, which plain pass-through drops; here they
 //! are the request. Nothing of the tunnel is read, stored or rewritten.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -39,10 +39,16 @@ pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
 
 /// Forwards an upgrade request; on the upstream's 101 answers 101 and joins the connections.
 /// Any other answer is relayed as it is.
-pub async fn forward(state: &AppState, mut request: Request, path: &str) -> Result<Response> {
-    let started = Instant::now();
+/// `tenant` is set once the request's tenant is known (for the caller's record).
+pub async fn forward(
+    state: &AppState,
+    mut request: Request,
+    path: &str,
+    tenant: &mut Option<String>,
+) -> Result<Response> {
     let config = state.config.load_full();
     let selected = tenant::select(&config, request.headers())?;
+    *tenant = Some(selected.tenant.name.clone());
     let tenant = &selected.tenant;
     let up = &tenant.file.upstream;
     let on_client_upgrade = hyper::upgrade::on(&mut request);
@@ -71,13 +77,6 @@ pub async fn forward(state: &AppState, mut request: Request, path: &str) -> Resu
     let status = resp.status();
     let mut answer_headers = headers::to_client(resp.headers(), headers::Length::Keep, &auth);
     let tenant_name = tenant.name.clone();
-    crate::metrics::request(
-        &tenant_name,
-        "passthrough",
-        status.as_u16(),
-        started.elapsed(),
-        Some(started.elapsed()),
-    );
     if status != StatusCode::SWITCHING_PROTOCOLS {
         let mut response = Response::new(Body::from_stream(resp.bytes_stream()));
         *response.status_mut() = status;
