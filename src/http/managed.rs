@@ -421,7 +421,7 @@ async fn forward(
     let bytes = read_limited(body, limit).await?;
     let call = Call::parse(log.endpoint, &bytes)?;
     let param = log.endpoint.conversation_param();
-    let prepared = prepare(state, config, &selected, client_headers, call, log)
+    let prepared = prepare(state, config, &selected, client_headers, call, log, client)
         .await
         .map_err(|e| e.with_conversation_param(param))?;
     if client.gone() {
@@ -445,6 +445,7 @@ async fn prepare(
     headers: &HeaderMap,
     mut call: Call,
     log: &mut AccessLog,
+    client: &ClientWatch,
 ) -> Result<Prepared> {
     let tenant = &selected.tenant;
     let store = state.store.as_ref();
@@ -548,7 +549,10 @@ async fn prepare(
         // The stored history is part of the conversation: read under the lease first.
         Some(base) => {
             let (lock, assembled) =
-                session::turn::open_on_stored(&state.store, &target, mode, base, incoming).await?;
+                session::turn::open_on_stored(&state.store, &target, mode, base, incoming, || {
+                    !client.gone()
+                })
+                .await?;
             crate::metrics::store_op("open_turn", t.elapsed());
             (Either::Right(std::future::ready(Ok(lock))), assembled)
         }

@@ -27,14 +27,22 @@ pub struct Target<'a> {
 /// Opens the turn of a request whose conversation includes stored history (`server` mode, or
 /// an anchored `previous_response_id`): the lease first, then the stored history is read under
 /// it and the request's new messages appended. Returns the held lock with the conversation.
+///
+/// `still_wanted` is asked once the lease is held: a request whose client went away while it
+/// waited stores nothing (`ClientClosed`). Its messages would follow whatever was written
+/// meanwhile, such as the client's own retry of them, and stand there twice.
 pub async fn open_on_stored(
     store: &Arc<dyn Store>,
     target: &Target<'_>,
     mode: HistoryMode,
     base: Base,
     incoming: Incoming,
+    still_wanted: impl FnOnce() -> bool,
 ) -> Result<(SessionLock, Assembled)> {
     let lock = lock_and_append(store, target, None).await?;
+    if !still_wanted() {
+        return Err(crate::Error::ClientClosed);
+    }
     // Dropping the lock on an error below releases the lease.
     let assembled = history::assemble(
         store.as_ref(),

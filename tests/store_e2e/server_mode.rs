@@ -167,53 +167,76 @@ async fn a_server_mode_request_with_nothing_to_send_is_a_400(b: Backend) {
     assert_eq!(mock.requests().len(), 2);
 }
 
-async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend) {
-    let (proxy, mock) = proxy_and_mock(b.options()).await;
-    let base = proxy.base_url();
+/// Holds `session` with a slow request, sends `messages` behind it from a client that gives up
+/// while it waits, and returns once the holder is answered. `server`: server history mode.
+async fn give_up_behind_a_slow_request(base: &str, session: &str, server_mode: bool) {
+    let mode = if server_mode { "server" } else { "client" };
     let holder = {
-        let base = base.clone();
+        let (base, session) = (base.to_string(), session.to_string());
         tokio::spawn(async move {
-            let mut headers = server("busy");
-            headers.push(("x-mock-delay-ms", "1500"));
+            let headers = [
+                ("x-session-id", session.as_str()),
+                ("x-ctxproxy-history", mode),
+                ("x-mock-delay-ms", "1500"),
+            ];
             chat(&base, "sk-a", &headers, &plain(&[user("first")])).await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Waits for the session behind the first request, then gives up.
     let gave_up = client()
         .post(format!("{base}/chat/completions"))
         .bearer_auth("sk-a")
-        .header("x-session-id", "busy")
-        .header("x-ctxproxy-history", "server")
+        .header("x-session-id", session)
+        .header("x-ctxproxy-history", mode)
         .timeout(Duration::from_millis(400))
-        .json(&plain(&[user("never mind")]))
+        .json(&plain(&[user("first"), user("never mind")]))
         .send()
         .await;
     assert!(gave_up.is_err(), "the client gave up waiting");
     let first = holder.await.unwrap();
     assert_eq!(first.status, 200, "{}", first.body);
+}
 
-    proxy.wait_for_records("default", "busy", 2).await;
-    let records = proxy
-        .store()
-        .await
-        .list_requests("default", "busy")
-        .await
-        .unwrap();
+async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+
+    // Client mode: its messages went to the store with the lease; they stay, and its record
+    // says 499.
+    give_up_behind_a_slow_request(&base, "busy-client", false).await;
+    proxy.wait_for_records("default", "busy-client", 2).await;
+    let store = proxy.store().await;
+    let records = store.list_requests("default", "busy-client").await.unwrap();
     let statuses: Vec<u16> = records.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 499]);
-    assert_eq!(
-        mock.requests().len(),
-        1,
-        "only the first request went upstream"
-    );
 
-    // The session is free, and the abandoned turn is not part of the next one.
+    // Server mode: nothing of it is stored (it would follow whatever came meanwhile, such as
+    // the client's own retry), and the session is free at once.
+    give_up_behind_a_slow_request(&base, "busy", true).await;
     let next = chat(&base, "sk-a", &server("busy"), &plain(&[user("next")])).await;
     assert_eq!(next.status, 200, "{}", next.body);
+    assert_eq!(
+        mock.requests().len(),
+        3,
+        "neither gave-up request went upstream"
+    );
     let upstream = upstream_histories(&mock);
-    assert_eq!(upstream[1].len(), 3, "{:?}", upstream[1]);
-    assert_eq!(upstream[1][2], user("next"));
+    assert_eq!(upstream[2].len(), 3, "{:?}", upstream[2]);
+    assert_eq!(upstream[2][2], user("next"));
+    let (_, detail) = proxy.admin_get("/ctxproxy/v1/sessions/default/busy").await;
+    assert_eq!(
+        detail["message_count"], 4,
+        "first, its reply, next, its reply: {detail}"
+    );
+    let metrics = proxy.metrics_text().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ctxproxy_requests_total")
+                && l.contains("status=\"499\"")
+                && l.ends_with(" 2")),
+        "both counted as 499: {metrics}"
+    );
 }
 
 on_both_backends!(
