@@ -519,6 +519,8 @@ fn a_bad_upstream_url_is_a_problem_that_keeps_its_credentials_secret() {
         "ftp://user:SeCrEtPw@127.0.0.1/v1",
         "http://user:SeCrEtPw@[zz/v1",
         "http://127.0.0.1/v 1",
+        "http://127.0.0.1/v1#fragment",
+        "http://user:s3cr/SeCrEtPw@127.0.0.1/v1",
     ] {
         let dir = tempfile::tempdir().unwrap();
         let tenant = format!("keys: any\nupstream:\n  base_url: \"{url}\"\n");

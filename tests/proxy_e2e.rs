@@ -1482,3 +1482,41 @@ async fn an_upgrade_is_forwarded_and_joined() {
         "{metrics}"
     );
 }
+
+/// A tunnel is opaque, so nothing in it is managed: the managed routes' own WebSocket modes
+/// (`GET /v1/responses`, as the SDK's `responses.connect()` opens) are refused, and a tenant
+/// that limits tools per role forwards no upgrade at all (a Realtime session declares its tools
+/// in its own events). Neither reaches the upstream.
+#[tokio::test]
+async fn upgrades_that_would_go_around_management_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    async fn upgrade(addr: &str, path: &str, key: &str) -> String {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Authorization: Bearer {key}\r\nConnection: close\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+    let roles = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [search_web]\n  default_role: viewer\n";
+    let opts = ProxyOptions {
+        tenants: vec![("default".into(), roles.into())],
+        ..Default::default()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let addr = proxy
+        .base_url()
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .to_string();
+    let answer = upgrade(&addr, "/v1/responses", "sk-a").await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("send POST requests instead"), "{answer}");
+    let answer = upgrade(&addr, "/v1/realtime?model=m", "sk-a").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(mock.requests().is_empty(), "nothing went upstream");
+}

@@ -415,8 +415,11 @@ fn build_tenant(
     let web = base.starts_with("http://") || base.starts_with("https://");
     // What the HTTP client will refuse on every request (an unclosed IPv6 bracket, a bad
     // port) or quietly turn into another path (a space) is refused here instead.
-    let unusable =
-        web && (reqwest::Url::parse(base).is_err() || base.chars().any(char::is_whitespace));
+    let unusable = web
+        && (reqwest::Url::parse(base).is_err()
+            || base.chars().any(char::is_whitespace)
+            // A fragment never goes to a server: every path would be cut at it.
+            || base.contains('#'));
     if !web || unusable {
         problems.push(problem(format!(
             "upstream.base_url{}: expected an http:// or https:// URL, found `{}`",
@@ -530,8 +533,9 @@ fn without_credentials(url: &str) -> String {
         Some(parts) => parts,
         None => ("", url),
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    // Up to the last `@` anywhere: a password may hold an unescaped `/`, `?` or `#` (the URL is
+    // malformed then, which is why it is printed at all), and masking a little too much is safe.
+    match rest.rfind('@') {
         Some(at) => {
             let sep = if scheme.is_empty() { "" } else { "://" };
             format!("{scheme}{sep}***@{}", &rest[at + 1..])
@@ -551,9 +555,11 @@ mod tests {
             "ftp://***@host/v1"
         );
         assert_eq!(
-            without_credentials("http://host/v1?a=b@c"),
-            "http://host/v1?a=b@c"
+            without_credentials("http://user:s3cr/et@h/v1"),
+            "http://***@h/v1"
         );
+        assert_eq!(without_credentials("http://u:p#ss@h/v1"), "http://***@h/v1");
+        assert_eq!(without_credentials("http://host/v1"), "http://host/v1");
         assert_eq!(without_credentials("user:secret@host"), "***@host");
         assert_eq!(without_credentials("not a url"), "not a url");
     }

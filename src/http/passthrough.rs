@@ -28,10 +28,15 @@ pub async fn forward(State(state): State<Arc<AppState>>, request: Request) -> Re
         upstream_started: None,
         status: 0,
     };
-    if super::upgrade::is_upgrade(request.method(), request.headers()) {
+    if request.version() == axum::http::Version::HTTP_11
+        && request.body().is_end_stream()
+        && super::upgrade::is_upgrade(request.method(), request.headers())
+    {
         // Recorded (metrics, access log) as it opens, or as it fails: `done` drops here.
         let path = done.path.clone();
-        let forwarded = match check_path(request.method(), &path) {
+        let forwarded = match check_path(request.method(), &path)
+            .and_then(|()| super::upgrade::check_unmanaged(&path))
+        {
             Ok(()) => {
                 let rest = path.strip_prefix("/v1").unwrap_or(&path);
                 done.upstream_started = Some(Instant::now());

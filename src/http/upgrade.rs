@@ -37,6 +37,26 @@ pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// A tunnel is opaque: nothing in it is managed. The managed routes' own WebSocket modes (the
+/// Responses API's `GET /v1/responses`) would carry requests around their store, their rewrite
+/// and their role's tool access, so they are refused: a client uses the HTTP route instead.
+pub fn check_unmanaged(path: &str) -> Result<()> {
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    let segments: Vec<&str> = decoded.split('/').filter(|s| !s.is_empty()).collect();
+    if matches!(
+        segments.as_slice(),
+        ["v1", "chat", "completions", ..] | ["v1", "responses", ..]
+    ) {
+        return Err(Error::invalid(
+            format!(
+                "the WebSocket mode of {path} is not supported by ctxproxy, which manages this route over HTTP: send POST requests instead"
+            ),
+            None,
+        ));
+    }
+    Ok(())
+}
+
 /// Forwards an upgrade request; on the upstream's 101 answers 101 and joins the connections.
 /// Any other answer is relayed as it is.
 /// `tenant` is set once the request's tenant is known (for the caller's record).
@@ -50,6 +70,14 @@ pub async fn forward(
     let selected = tenant::select(&config, request.headers())?;
     *tenant = Some(selected.tenant.name.clone());
     let tenant = &selected.tenant;
+    // A tenant that limits tools per role cannot have them checked inside a tunnel (a Realtime
+    // session declares its tools in its own events): no tunnel for it.
+    if !tenant.file.tools.roles.is_empty() {
+        return Err(Error::ToolNotAllowed {
+            message: "this tenant limits tools per role, which cannot be checked over a WebSocket; upgrades are not forwarded for it".to_string(),
+            param: None,
+        });
+    }
     let up = &tenant.file.upstream;
     let on_client_upgrade = hyper::upgrade::on(&mut request);
     let url = upstream::url(&tenant.upstream_base, path, request.uri().query());
