@@ -985,6 +985,18 @@ async fn breaking_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
     format!("http://{addr}/v1")
 }
 
+/// The whole body of a streamed chat request on `session`.
+async fn streamed_text(proxy: &Proxy, session: &str) -> String {
+    streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// A chat stream whose connection breaks after every choice finished (before its usage chunk
 /// and `[DONE]`) lost nothing of the answer: the client gets no error event, the reply is
 /// stored and the record says 200. One that breaks mid-answer still fails (502).
@@ -995,14 +1007,7 @@ async fn a_chat_stream_broken_after_its_finish_reason_is_a_whole_answer() {
         json!({"id":"c-w","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
     ]);
     let proxy = Proxy::start(ProxyOptions::default(), &breaking_sse_upstream(whole).await).await;
-    let text = streamed_chat(&proxy.base_url(), "q")
-        .header("x-session-id", "s-whole")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = streamed_text(&proxy, "s-whole").await;
     assert_eq!(chat_stream_text(&text), "All of it");
     assert!(!text.contains("\"error\""), "no error event: {text}");
     proxy.wait_for_records("default", "s-whole", 1).await;
@@ -1018,14 +1023,7 @@ async fn a_chat_stream_broken_after_its_finish_reason_is_a_whole_answer() {
         json!({"id":"c-h","choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]}),
     ]);
     let proxy = Proxy::start(ProxyOptions::default(), &breaking_sse_upstream(half).await).await;
-    let text = streamed_chat(&proxy.base_url(), "q")
-        .header("x-session-id", "s-half")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = streamed_text(&proxy, "s-half").await;
     let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
     assert_eq!(last["error"]["type"], "upstream_error", "{text}");
     proxy.wait_for_records("default", "s-half", 1).await;

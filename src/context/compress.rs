@@ -135,7 +135,7 @@ fn fits(encoding: Encoding, text: &str, max_tokens: u64) -> bool {
 fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<String> {
     for limits in LEVELS {
         let out = mark(shrink(value, limits, 1));
-        let text = written(&out);
+        let text = python_dumps(&out);
         if fits(encoding, &text, max_tokens) {
             return Some(text);
         }
@@ -154,7 +154,7 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
                 // own: `_compressed` says the result is not whole, and a count of what went
                 // would cost tokens that a scalar should have (SPEC: scalars go last).
                 map.shift_remove(&key);
-                let text = written(&mark(Value::Object(map.clone())));
+                let text = python_dumps(&mark(Value::Object(map.clone())));
                 if fits(encoding, &text, max_tokens) {
                     return Some(text);
                 }
@@ -163,13 +163,6 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
         }
         _ => None,
     }
-}
-
-/// Compressed JSON as text, with `", "` and `": "` between entries (Python's `json.dumps`, in
-/// which most tool results are written): `{"items": [0, 1, "… (96 more items)", 98, 99],
-/// "_compressed": true}`, as SPEC 5 writes the marker.
-fn written(value: &Value) -> String {
-    python_dumps(value)
 }
 
 /// Adds the `_compressed` marker to a top-level object (an array has nowhere to carry it; its

@@ -2,11 +2,25 @@
 //! errors that name the offending field, so even a parse error is OpenAI-shaped.
 
 use axum::body::Body;
+use axum::http::{HeaderMap, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use crate::error::{Error, Result};
+
+/// Refuses a body whose declared `Content-Length` is over `limit` before any of it is read (and
+/// before hyper answers `Expect: 100-continue`).
+pub fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<()> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(Error::RequestTooLarge { limit });
+    }
+    Ok(())
+}
 
 /// Reads the whole body, refusing more than `limit` bytes.
 pub async fn read_limited(body: Body, limit: usize) -> Result<Bytes> {

@@ -396,14 +396,7 @@ async fn forward(
     let tenant = selected.tenant.clone();
     log.tenant = Some(tenant.name.clone());
     let limit = config.server.server.max_body_bytes;
-    // A body declared too large is refused before it is read (and before `100 Continue`).
-    let declared = client_headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(Error::RequestTooLarge { limit });
-    }
+    super::body::check_declared_length(client_headers, limit)?;
     // The body is read as JSON, so it must come as JSON (OpenAI's API takes no other).
     if let Some(encoding) = client_headers
         .get(header::CONTENT_ENCODING)

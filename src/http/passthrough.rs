@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
@@ -135,14 +135,7 @@ async fn forward_inner(
     let selected = tenant::select(&config, request.headers())?;
     done.tenant = Some(selected.tenant.name.clone());
     let limit = config.server.server.max_body_bytes;
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(Error::RequestTooLarge { limit });
-    }
+    super::body::check_declared_length(request.headers(), limit)?;
     check_path(request.method(), request.uri().path())?;
     let tenant = &selected.tenant;
     let up = &tenant.file.upstream;
@@ -218,7 +211,7 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
             None,
         ));
     }
-    let segments: Vec<&str> = decoded.split('/').filter(|s| !s.is_empty()).collect();
+    let segments = segments(&decoded);
     let managed = matches!(
         segments.as_slice(),
         ["v1", "chat", "completions"] | ["v1", "responses"]
@@ -233,6 +226,11 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The non-empty segments of a decoded path: `/v1//chat/completions/` is `[v1, chat, completions]`.
+pub(super) fn segments(decoded: &str) -> Vec<&str> {
+    decoded.split('/').filter(|s| !s.is_empty()).collect()
 }
 
 #[cfg(test)]

@@ -29,12 +29,7 @@ pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
     if method != Method::GET || !wanted {
         return false;
     }
-    headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+    headers::connection_listed(headers).contains(&header::UPGRADE)
 }
 
 /// A tunnel is opaque: nothing in it is managed. The managed routes' own WebSocket modes (the
@@ -42,9 +37,8 @@ pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
 /// and their role's tool access, so they are refused: a client uses the HTTP route instead.
 pub fn check_unmanaged(path: &str) -> Result<()> {
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
-    let segments: Vec<&str> = decoded.split('/').filter(|s| !s.is_empty()).collect();
     if matches!(
-        segments.as_slice(),
+        super::passthrough::segments(&decoded).as_slice(),
         ["v1", "chat", "completions", ..] | ["v1", "responses", ..]
     ) {
         return Err(Error::invalid(
@@ -147,33 +141,29 @@ pub async fn forward(
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
+    fn map(pairs: &[(header::HeaderName, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.clone(), HeaderValue::from_static(v)))
+            .collect()
     }
 
     #[test]
     fn only_a_get_asking_for_another_protocol_than_h2c_is_an_upgrade() {
-        let ws = headers(&[
-            ("connection", "keep-alive, Upgrade"),
-            ("upgrade", "websocket"),
+        let ws = map(&[
+            (header::CONNECTION, "keep-alive, Upgrade"),
+            (header::UPGRADE, "websocket"),
         ]);
         assert!(is_upgrade(&Method::GET, &ws));
         assert!(!is_upgrade(&Method::POST, &ws));
-        let h2c = headers(&[
-            ("connection", "Upgrade, HTTP2-Settings"),
-            ("upgrade", "h2c"),
+        let h2c = map(&[
+            (header::CONNECTION, "Upgrade, HTTP2-Settings"),
+            (header::UPGRADE, "h2c"),
         ]);
         assert!(!is_upgrade(&Method::GET, &h2c));
         assert!(!is_upgrade(
             &Method::GET,
-            &headers(&[("upgrade", "websocket")])
+            &map(&[(header::UPGRADE, "websocket")])
         ));
     }
 }

@@ -21,7 +21,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 }
 
 /// The headers a message's `Connection` header names: hop-by-hop for this message only.
-fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
+pub fn connection_listed(headers: &HeaderMap) -> Vec<HeaderName> {
     headers
         .get_all(header::CONNECTION)
         .iter()

@@ -19,6 +19,21 @@ fn plain(messages: &[Value]) -> Value {
     json!({"model": "gpt-4o-mini", "messages": messages})
 }
 
+/// POSTs a Responses request in server mode on `session` (the upstream failing with `fail`, if
+/// given); returns the answer's status.
+async fn post_responses(proxy: &Proxy, session: &str, body: Value, fail: Option<&str>) -> u16 {
+    let mut req = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-a")
+        .header("x-session-id", session)
+        .header("x-ctxproxy-history", "server")
+        .json(&body);
+    if let Some(s) = fail {
+        req = req.header("x-mock-status", s);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
 async fn a_turn_that_failed_is_left_out_of_the_next_one(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
     let base = proxy.base_url();
@@ -47,15 +62,7 @@ async fn a_turn_that_failed_is_left_out_of_the_next_one(b: Backend) {
 
 async fn unknown_previous_response_id_goes_with_the_items_as_received(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
-    let post = |body: Value| {
-        let req = client()
-            .post(format!("{}/responses", proxy.base_url()))
-            .bearer_auth("sk-a")
-            .header("x-session-id", "r")
-            .header("x-ctxproxy-history", "server")
-            .json(&body);
-        async move { req.send().await.unwrap().status().as_u16() }
-    };
+    let post = |body: Value| post_responses(&proxy, "r", body, None);
     assert_eq!(
         post(json!({"model": "gpt-4o-mini", "input": "u1"})).await,
         200
@@ -76,15 +83,7 @@ async fn unknown_previous_response_id_goes_with_the_items_as_received(b: Backend
 
 async fn a_chain_begun_upstream_goes_on_from_its_root_in_server_mode(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
-    let post = |body: Value| {
-        let req = client()
-            .post(format!("{}/responses", proxy.base_url()))
-            .bearer_auth("sk-a")
-            .header("x-session-id", "rooted")
-            .header("x-ctxproxy-history", "server")
-            .json(&body);
-        async move { req.send().await.unwrap().status().as_u16() }
-    };
+    let post = |body: Value| post_responses(&proxy, "rooted", body, None);
     let first = json!({"model": "gpt-4o-mini", "input": "a1", "previous_response_id": "resp_root"});
     assert_eq!(post(first).await, 200);
     assert_eq!(
@@ -110,18 +109,8 @@ async fn a_chain_begun_upstream_goes_on_from_its_root_in_server_mode(b: Backend)
 
 async fn a_failed_turn_on_a_branch_of_its_own_leaves_the_conversation_where_it_was(b: Backend) {
     let (proxy, mock) = proxy_and_mock(b.options()).await;
-    let post = |body: Value, fail: Option<&'static str>| {
-        let mut req = client()
-            .post(format!("{}/responses", proxy.base_url()))
-            .bearer_auth("sk-a")
-            .header("x-session-id", "moved")
-            .header("x-ctxproxy-history", "server")
-            .json(&body);
-        if let Some(s) = fail {
-            req = req.header("x-mock-status", s);
-        }
-        async move { req.send().await.unwrap().status().as_u16() }
-    };
+    let post =
+        |body: Value, fail: Option<&'static str>| post_responses(&proxy, "moved", body, fail);
     assert_eq!(post(json!({"model": "m", "input": "r1"}), None).await, 200);
     // Sent as received (the upstream holds that history), stored from the root, and failed.
     let elsewhere = json!({"model": "m", "input": "x", "previous_response_id": "resp_unknown"});
