@@ -72,6 +72,38 @@ async fn a_passthrough_body_broken_off_is_recorded_with_its_error() {
     assert!(duration >= 1.0, "the whole body's time: {duration}");
 }
 
+/// A dashboard or alert sees every family of SPEC 8 from the start, histograms included (their
+/// buckets at zero), not only after the first request that records into them.
+#[tokio::test]
+async fn every_family_is_rendered_before_any_request() {
+    let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let m = scrape(&proxy).await;
+    // `ctxproxy_requests_total` is the exception: its status label has no fixed set to start
+    // from, so it appears with the first request.
+    for family in [
+        "ctxproxy_request_duration_seconds",
+        "ctxproxy_overhead_seconds",
+        "ctxproxy_upstream_duration_seconds",
+        "ctxproxy_tokens_in_total",
+        "ctxproxy_tokens_out_total",
+        "ctxproxy_rewrites_total",
+        "ctxproxy_repairs_total",
+        "ctxproxy_summaries_total",
+        "ctxproxy_store_duration_seconds",
+        "ctxproxy_store_errors_total",
+        "ctxproxy_config_reloads_total",
+    ] {
+        assert!(
+            m.contains(&format!("# TYPE {family} ")),
+            "{family} missing before any request:\n{m}"
+        );
+    }
+    let chat = "ctxproxy_request_duration_seconds_count{endpoint=\"chat.completions\"}";
+    assert_eq!(sample(&m, chat), Some(0.0), "{m}");
+    let open = "ctxproxy_store_duration_seconds_count{op=\"open_turn\"}";
+    assert_eq!(sample(&m, open), Some(0.0), "{m}");
+}
+
 #[tokio::test]
 async fn metrics_show_every_family_with_sane_values() {
     let (proxy, _mock) = proxy_and_mock(ProxyOptions::default()).await;
