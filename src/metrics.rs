@@ -62,14 +62,14 @@ fn register_fixed_labels() {
         counter!("ctxproxy_config_reloads_total", "outcome" => outcome).absolute(0);
     }
     counter!("ctxproxy_store_errors_total").absolute(0);
-    // Histograms too: registering one renders its buckets at zero until the first request.
+    // Histograms too: registering one (the handle is not needed) renders its buckets at zero.
     for endpoint in ["chat.completions", "responses", "passthrough"] {
-        histogram!("ctxproxy_request_duration_seconds", "endpoint" => endpoint);
-        histogram!("ctxproxy_overhead_seconds", "endpoint" => endpoint);
+        let _ = histogram!("ctxproxy_request_duration_seconds", "endpoint" => endpoint);
+        let _ = histogram!("ctxproxy_overhead_seconds", "endpoint" => endpoint);
     }
-    histogram!("ctxproxy_upstream_duration_seconds");
+    let _ = histogram!("ctxproxy_upstream_duration_seconds");
     for op in ["open_turn", "close_turn"] {
-        histogram!("ctxproxy_store_duration_seconds", "op" => op);
+        let _ = histogram!("ctxproxy_store_duration_seconds", "op" => op);
     }
 }
 
