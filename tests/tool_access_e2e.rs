@@ -123,17 +123,23 @@ async fn the_header_names_the_role_only_where_the_tenant_trusts_it() {
             .status(),
         200
     );
-    let unknown = chat(&proxy, "sk-nobody", body, Some("root")).await;
+    let unknown = chat(&proxy, "sk-nobody", body.clone(), Some("root")).await;
     assert_eq!(unknown.status(), 403);
     let v: Value = unknown.json().await.unwrap();
     assert_eq!(assert_openai_error(&v)["type"], "permission_error");
+    // An empty header names no role: the default role applies, as without it.
+    assert_eq!(
+        chat(&proxy, "sk-nobody", body, Some("")).await.status(),
+        200
+    );
     let seen = mock.requests();
-    assert_eq!(seen.len(), 2);
+    assert_eq!(seen.len(), 3);
     assert_eq!(
         tool_names(&seen[0].body_json().unwrap()),
         ["search_web", "get_account_balance"]
     );
     assert_eq!(tool_names(&seen[1].body_json().unwrap()), ["search_web"]);
+    assert_eq!(tool_names(&seen[2].body_json().unwrap()), ["search_web"]);
 }
 
 #[tokio::test]
@@ -605,6 +611,31 @@ async fn legacy_functions_and_function_call_are_under_the_same_rules() {
         sent.get("functions").is_none() && sent.get("function_call").is_none(),
         "{sent}"
     );
+}
+
+/// A request offering a tool only through chat's deprecated `functions` array offers it: with
+/// `scrub_history`, history calls to it are kept, as they would be were it offered in `tools`.
+#[tokio::test]
+async fn a_function_offered_in_functions_is_not_scrubbed_from_history() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let messages = json!([
+        {"role": "user", "content": "search"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "search_web", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "again"}
+    ]);
+    let body = json!({"model": "m", "messages": messages, "functions": [{"name": "search_web"}]});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["messages"], messages, "nothing scrubbed");
+    // Offered by neither, the call goes (as before).
+    let body = json!({"model": "m", "messages": messages});
+    assert_eq!(chat(&proxy, "sk-viewer", body, None).await.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
 }
 
 /// Everything sent upstream is counted (SPEC 5.1), the deprecated chat fields too: `functions`

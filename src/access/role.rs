@@ -26,6 +26,8 @@ pub fn resolve_role(
             .role_from_header
             .then(|| headers.get(ROLE_HEADER)?.to_str().ok())
             .flatten()
+            // An empty header names no role: the default applies, as without the header.
+            .filter(|role| !role.trim().is_empty())
     };
     let role = key_role
         .or_else(from_header)

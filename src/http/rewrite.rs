@@ -2,6 +2,7 @@
 //! the conversation (as wire JSON) goes through the pure pipeline with the tenant's policy, the
 //! role's tool access and the stored summary; the call gets the rewritten conversation back.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
@@ -108,6 +109,19 @@ pub fn cut_tools(
     })
 }
 
+/// The tools this request offers: those of `tools` left by the role's cut, and the functions of
+/// chat's deprecated `functions` array (cut likewise), which a model calls the same way.
+fn offered_with_functions(tools: &HashSet<String>, functions: Option<&Value>) -> HashSet<String> {
+    let mut offered = tools.clone();
+    let names = functions
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.get("name").and_then(Value::as_str));
+    offered.extend(names.map(str::to_string));
+    offered
+}
+
 /// Rewrites `call`'s conversation in place. Errors about the conversation name chat's
 /// `messages`; the routes rename them for Responses (`Error::with_conversation_param`).
 #[allow(clippy::too_many_arguments)]
@@ -130,7 +144,7 @@ pub async fn rewrite(
         .and_then(|body| body.get("functions"))
         .cloned();
     let tool_access = (!tenant.file.tools.roles.is_empty()).then(|| ToolAccess {
-        offered: allowed.offered.clone(),
+        offered: offered_with_functions(&allowed.offered, functions_json.as_ref()),
         scrub_history: tenant.file.tools.scrub_history,
     });
     let Conversation {
