@@ -300,15 +300,21 @@ impl Server {
 
 /// Connects to the configured database and applies pending migrations.
 pub async fn open_store(config: &Config) -> Result<Arc<dyn Store>> {
-    let db = &config.server.database;
+    open_database(&config.server.database).await
+}
+
+/// Connects to a database and applies pending migrations.
+pub async fn open_database(db: &crate::config::server::DatabaseSection) -> Result<Arc<dyn Store>> {
     let store = crate::store::connect(&db.url, db.max_connections).await?;
     store.migrate().await?;
     Ok(store)
 }
 
-/// Resolves the config path: the flag, else `CTXPROXY_CONFIG`, else the default.
+/// Resolves the config path: the flag, else `CTXPROXY_CONFIG`, else the default. An empty
+/// `CTXPROXY_CONFIG` is unset, as every other override is when empty.
 pub fn config_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os(crate::config::env::CONFIG).map(PathBuf::from))
+    let from_env = std::env::var_os(crate::config::env::CONFIG).filter(|v| !v.is_empty());
+    flag.or_else(|| from_env.map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(crate::config::DEFAULT_CONFIG_PATH))
 }
 

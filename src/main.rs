@@ -78,10 +78,14 @@ async fn serve(path: PathBuf) -> ctxproxy::Result<()> {
     server.run(shutdown_signal()).await
 }
 
+/// Reads only the server file's database: tenant files are no business of a migration.
 async fn migrate(path: PathBuf) -> ctxproxy::Result<()> {
-    let config = load_config(&path)?;
-    let url = redact_url(&config.server.database.url);
-    ctxproxy::app::open_store(&config).await?;
+    let database = Config::load_database(&path).map_err(|failed| {
+        let problems: Vec<String> = failed.problems.iter().map(ToString::to_string).collect();
+        ctxproxy::Error::Config(problems.join("\n"))
+    })?;
+    let url = redact_url(&database.url);
+    ctxproxy::app::open_database(&database).await?;
     tracing::info!(%url, "migrations applied");
     println!("migrations applied to {url}");
     Ok(())

@@ -300,6 +300,22 @@ fn shipped_config_is_valid() {
     assert!(stdout.contains("ok: "), "{stdout}");
 }
 
+/// An empty `CTXPROXY_CONFIG` is unset, as the other overrides are when empty: the default
+/// path applies instead of a file named "".
+#[test]
+fn an_empty_config_variable_is_unset() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .current_dir(root)
+        .args(["check-config"])
+        .env("CTXPROXY_CONFIG", "")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("ok: "), "{stdout}");
+}
+
 #[test]
 fn an_empty_keys_list_is_a_warning() {
     let dir = tempfile::tempdir().unwrap();
@@ -785,4 +801,40 @@ fn an_unreachable_postgres_is_reported_with_its_cause() {
     assert!(!err.contains("secretpw"), "{err}");
     let all = format!("{err}{}", String::from_utf8_lossy(&out.stdout));
     assert!(!all.contains("secretpw"), "{all}");
+}
+
+/// `migrate` needs only the server file's database: a broken tenant file (which `serve` and
+/// `check-config` refuse) does not stop a separate migration step.
+#[test]
+fn migrate_reads_only_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(dir.path(), &[("broken", "keys: bad\n")]);
+    let db = dir.path().join("m.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["migrate", "--config"])
+        .arg(&server)
+        .env(
+            "CTXPROXY_DATABASE_URL",
+            format!("sqlite://{}", db.display()),
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("migrations applied"), "{stdout}");
+    assert!(db.exists());
+    // The server file itself still counts.
+    std::fs::write(&server, "databse: {}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
+        .args(["migrate", "--config"])
+        .arg(&server)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("databse"), "{err}");
 }

@@ -121,6 +121,30 @@ pub struct LoadError {
 }
 
 impl Config {
+    /// The database of the server file at `path` (with `CTXPROXY_DATABASE_URL`), for `migrate`,
+    /// which needs nothing else: a broken tenant file must not stop a separate migration step.
+    pub fn load_database(path: &Path) -> Result<server::DatabaseSection, LoadError> {
+        let mut problems = Vec::new();
+        let file_label = path.display().to_string();
+        let mut server: ServerFile =
+            read_yaml(path, &file_label, &mut problems).unwrap_or_default();
+        apply_env_overrides(&mut server);
+        if let Err(e) = crate::store::check_url(&server.database.url) {
+            problems.push(Problem {
+                file: file_label,
+                message: format!("database.url: {e}"),
+            });
+        }
+        if problems.is_empty() {
+            Ok(server.database)
+        } else {
+            Err(LoadError {
+                problems,
+                warnings: Vec::new(),
+            })
+        }
+    }
+
     /// Loads the server file at `path` and every tenant file; every problem is reported. A
     /// server file with problems does not stop the tenant files being checked: they are read
     /// from its `tenants_dir` if that much of it could be read, else from the default one.

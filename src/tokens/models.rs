@@ -144,8 +144,14 @@ static BUILT_IN_GLOBS: LazyLock<Option<Globs<ModelFacts>>> = LazyLock::new(|| {
     .ok()
 });
 
+/// The built-in facts of a model. A fine-tuned model (`ft:gpt-4o-mini-2024-07-18:org::id`) has
+/// those of the model it was tuned from, as in tiktoken.
 fn built_in(model: &str) -> Option<ModelFacts> {
-    BUILT_IN_GLOBS.as_ref().and_then(|g| g.best(model))
+    let globs = BUILT_IN_GLOBS.as_ref()?;
+    globs.best(model).or_else(|| {
+        let tuned_from = model.strip_prefix("ft:")?.split(':').next()?;
+        globs.best(tuned_from)
+    })
 }
 
 /// The model table in force: the user's `models:` entries over the built-in ones.
@@ -195,6 +201,17 @@ impl Default for ModelTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fine_tuned_model_has_the_facts_of_its_base() {
+        let table = ModelTable::built_in();
+        let tuned = table.lookup("ft:gpt-4o-mini-2024-07-18:acme::9abc");
+        assert_eq!(tuned, table.lookup("gpt-4o-mini-2024-07-18"));
+        assert_eq!(tuned.encoding, Encoding::O200kBase);
+        let old = table.lookup("ft:gpt-3.5-turbo-0125:acme::x");
+        assert_eq!(old.encoding, Encoding::Cl100kBase);
+        assert_eq!(table.lookup("ft:unknown:acme"), ModelFacts::UNKNOWN);
+    }
 
     fn facts(w: u64, e: Encoding) -> ModelFacts {
         ModelFacts {
