@@ -1291,6 +1291,59 @@ async fn the_next_turn_sent_at_done_finds_the_streamed_reply() {
     }
 }
 
+/// Likewise a Responses stream's `response.completed`: a client that acts on it at once, naming
+/// the response as `previous_response_id`, continues the same session (the id is stored by
+/// then), although the upstream keeps the body open after it.
+#[tokio::test]
+async fn the_next_turn_sent_at_response_completed_finds_the_reply() {
+    let item = json!({"type": "message", "id": "msg_l", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": "Hello", "annotations": []}]});
+    let chunks: Vec<bytes::Bytes> = [
+        json!({"type": "response.created", "response": {"id": "resp_linger", "status": "in_progress", "output": []}}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": item}),
+        json!({"type": "response.completed", "response": {"id": "resp_linger", "status": "completed", "output": [item]}}),
+    ]
+    .iter()
+    .map(|e| bytes::Bytes::from(format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap())))
+    .collect();
+    // Far longer than the proxy waits after the last event.
+    let upstream = raw_sse_upstream_lingering(chunks, std::time::Duration::from_secs(30)).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let mut first = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "stream": true, "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    let session = first.headers()["x-ctxproxy-session"].clone();
+    let mut text = String::new();
+    while !text.contains("response.completed") {
+        let chunk = first
+            .chunk()
+            .await
+            .unwrap()
+            .expect("completed before the end");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let next = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": "and then?", "previous_response_id": "resp_linger"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        next.headers()["x-ctxproxy-session"],
+        session,
+        "the previous response id was stored before its completed event reached the client"
+    );
+    // And the body ends soon after the last event, not when the upstream closes it.
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while first.chunk().await.unwrap().is_some() {}
+    })
+    .await;
+    assert!(rest.is_ok(), "the stream ended after response.completed");
+}
+
 /// Managed routes send the client's query along (Azure's `api-version`, an SDK's
 /// `default_query`), after any query of the tenant's base URL; it used to be dropped.
 #[tokio::test]

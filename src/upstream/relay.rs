@@ -1,7 +1,7 @@
 //! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
 //! task reads the upstream, feeds every chunk to the reply accumulator and passes it on at once,
-//! except the chunk that completes a chat stream's `[DONE]`, which waits until the reply is
-//! stored; it keeps reading after the client hangs up so the full reply is still stored.
+//! except the chunk that completes the stream's last event (a chat stream's `[DONE]`, a
+//! Responses stream's `response.completed`), which waits until the reply is stored; it keeps reading after the client hangs up so the full reply is still stored.
 //! A stream fails when the transport does, when it stalls, when the upstream sends an error event
 //! of its own, or when a chat stream stops before it finished (see `reply::StreamFailure`).
 
@@ -54,13 +54,14 @@ where
         let mut acc = StreamAccumulator::new(kind);
         let mut client_gone = false;
         let mut error = None;
-        // The chunk that completes a chat stream's `data: [DONE]` event (and any bytes after
-        // it), held until the reply is stored: the SDKs stop reading at `[DONE]` and may send
-        // the next turn at once, which must find this reply (auto matching, a resent history)
-        // rather than race its write.
+        // The chunk that completes the stream's last event (chat's `data: [DONE]`, Responses'
+        // `response.completed`; see `StreamAccumulator::saw_done`) and any bytes after it, held
+        // until the reply is stored: the SDKs stop reading there and may send the next turn at
+        // once, which must find this reply (auto matching, a resent history, its
+        // `previous_response_id`) rather than race its write.
         let mut held: Option<Vec<u8>> = None;
-        // After `[DONE]` the upstream has nothing left to say; one that keeps the connection
-        // open (or keeps sending comments) is waited for until this deadline only.
+        // After the last event the upstream has nothing left to say; one that keeps the
+        // connection open (or keeps sending comments) is waited for until this deadline only.
         let mut done_by: Option<Instant> = None;
         // Whether what the client has so far ends at an event boundary (a blank line).
         let mut at_boundary = true;
@@ -76,7 +77,7 @@ where
             match next {
                 Ok(Some(Ok(chunk))) => {
                     if let Some(held) = &mut held {
-                        // Bytes after `[DONE]` follow it, in order, within a bound.
+                        // Bytes after the last event follow it, in order, within a bound.
                         if held.len() + chunk.len() > AFTER_DONE_BYTES {
                             break;
                         }
@@ -84,7 +85,7 @@ where
                         continue;
                     }
                     // The rebuild sees the chunk before the client does: only it can tell that
-                    // this chunk completes the `[DONE]` event, which may arrive split across
+                    // this chunk completes the last event, which may arrive split across
                     // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
                     acc.feed(&chunk);
                     if acc.saw_done() {
@@ -117,7 +118,7 @@ where
                 }
             }
         }
-        // A whole answer arrived: what happens after `[DONE]` does not change that.
+        // The last event arrived: what happens after it does not change how the stream ended.
         if held.is_some() {
             error = None;
         }
@@ -158,9 +159,10 @@ where
     Body::from_stream(stream)
 }
 
-/// How long the upstream may keep a chat stream open after its `[DONE]`, in all.
+/// How long the upstream may keep a stream open after its last event, in all.
 const AFTER_DONE: Duration = Duration::from_secs(1);
-/// How many bytes after `[DONE]` are passed on (comments, keep-alive pings); the rest is not.
+/// How many bytes after the last event are passed on (comments, keep-alive pings); the rest
+/// is not.
 const AFTER_DONE_BYTES: usize = 64 * 1024;
 
 /// A stream that the transport delivered but that is not a whole answer, as the error its

@@ -322,14 +322,16 @@ impl StreamAccumulator {
         }
     }
 
-    /// Whether the stream's `data: [DONE]` has been fed: the client's SDK stops reading there.
+    /// Whether the stream's last event has been fed: a chat stream's `data: [DONE]`, a
+    /// Responses stream's `response.completed`, `.incomplete` or `.failed`. The client's SDK
+    /// stops reading there (or acts on it), and the upstream has nothing left to say.
     pub fn saw_done(&self) -> bool {
         self.done
     }
 
     fn event(&mut self, event: SseEvent) {
-        // What comes after `[DONE]` is not part of the answer: the client's SDK stopped there
-        // (whether it arrived in the same read or a later one).
+        // What comes after the last event is not part of the answer: the client's SDK stopped
+        // there (whether it arrived in the same read or a later one).
         if self.done {
             return;
         }
@@ -486,7 +488,10 @@ impl StreamAccumulator {
                 if let Some(resp) = v.get_mut("response").map(Value::take) {
                     self.completed = Some(resp);
                 }
+                self.done = true;
             }
+            // The stream's last word, as `[DONE]` is a chat stream's (its error was read above).
+            "response.failed" => self.done = true,
             _ => {}
         }
     }
