@@ -838,3 +838,34 @@ fn migrate_reads_only_the_database() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("databse"), "{err}");
 }
+
+/// Values that load but fail every request are problems: a zero timeout (every call times out
+/// at once), an empty summary model, a zero body limit or context window.
+#[test]
+fn zero_limits_and_an_empty_summary_model_are_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\nupstream:\n  timeout_s: 0\n  connect_timeout_s: 0\npolicy:\n  summary: { model: '', trigger_tokens: 100, target_tokens: 50 }\n",
+        )],
+    );
+    let head = std::fs::read_to_string(&server).unwrap();
+    std::fs::write(
+        &server,
+        format!("{head}server:\n  max_body_bytes: 0\nmodels:\n  \"m*\": {{ context_window: 0 }}\n"),
+    )
+    .unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    for expected in [
+        "tenants/acme.yaml: upstream.timeout_s: must be above 0",
+        "tenants/acme.yaml: upstream.connect_timeout_s: must be above 0",
+        "tenants/acme.yaml: policy.summary.model: must name a model",
+        "ctxproxy.yaml: server.max_body_bytes: must be above 0",
+        "ctxproxy.yaml: models.m*.context_window: must be above 0",
+    ] {
+        assert!(out.contains(expected), "{expected}\n{out}");
+    }
+}

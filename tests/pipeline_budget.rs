@@ -301,6 +301,65 @@ fn an_agent_run_keeps_its_newest_segments_after_a_summary() {
     assert_eq!(plan.until, answer - 3, "{plan:?}");
 }
 
+/// A tool result that comes late (after a later user message) is linked to its call only by
+/// id. A summary that covered the call but not the result left the result an orphan, which
+/// repair dropped: neither the summariser nor the model read it. The plan keeps the call (from
+/// the user message before it) instead.
+#[test]
+fn a_summary_never_covers_a_call_whose_result_comes_late() {
+    let long = "x".repeat(720);
+    let wire = vec![
+        json!({"role": "system", "content": "s"}),
+        json!({"role": "user", "content": format!("u1 {long}")}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]}),
+        json!({"role": "user", "content": format!("u2 {long}")}),
+        json!({"role": "assistant", "content": "a2"}),
+        json!({"role": "user", "content": "u3 small"}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": "LATE RESULT 42"}),
+        json!({"role": "assistant", "content": "a3"}),
+        json!({"role": "user", "content": "u4 now"}),
+    ];
+    let msgs = messages(&json!({"messages": wire}));
+    let tokens = counts(&msgs);
+    let entries = Entry::given(&msgs, &tokens);
+    // Without the late result, the plan would keep u3.. only (until = 4, covering the call).
+    let target = tokens[5..8].iter().sum::<u64>() + 1;
+    let plan = plan_summary(&summary_policy(50, target, 2), &entries, None, 0).unwrap();
+    assert_eq!(plan.from, 1);
+    // No user message between the first one and the call: the kept history starts at the
+    // call itself, and only u1 is summarised.
+    assert_eq!(plan.until, 1, "the call at 2 is not covered: {plan:?}");
+
+    // Through the pipeline with that summary: nothing is orphaned, the late result is moved
+    // back to its call by repair and reaches the model.
+    let summary = StoredSummary {
+        text: "u1 asked".into(),
+        covers_until: plan.until,
+    };
+    let no_policy = Policy::default();
+    let mut input = PipelineInput::new(&msgs, &no_policy, O200K);
+    input.summary = Some(&summary);
+    let out = run(input, &TokenCounter::new()).unwrap();
+    let sent: Vec<Value> = out
+        .messages
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap())
+        .collect();
+    assert!(
+        sent.iter().any(|m| m["content"] == "LATE RESULT 42"),
+        "{sent:#?}"
+    );
+    assert!(
+        out.report
+            .repaired
+            .iter()
+            .all(|r| r.kind != ctxproxy::context::RepairKind::OrphanResult),
+        "{:?}",
+        out.report
+    );
+}
+
 #[test]
 fn cached_counts_equal_fresh_counts_and_fill_the_cache() {
     let msgs = weather();

@@ -191,6 +191,12 @@ impl Config {
                 });
             }
         }
+        for message in validate::server_problems(&server) {
+            problems.push(Problem {
+                file: file_label.clone(),
+                message,
+            });
+        }
         let read: Vec<String> = problems.iter().map(|p| p.message.clone()).collect();
         for message in validate::policy_problems(&server.defaults, "defaults", &read) {
             problems.push(Problem {
@@ -518,6 +524,11 @@ fn build_tenant(
             }
         }
     }
+    problems.extend(
+        validate::upstream_problems(&file.upstream)
+            .into_iter()
+            .map(problem),
+    );
     problems.extend(
         validate::policy_problems(&file.policy, "policy", read_problems)
             .into_iter()

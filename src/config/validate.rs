@@ -41,6 +41,13 @@ pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> V
         }
     }
     if let Some(summary) = &policy.summary
+        && summary.model.trim().is_empty()
+    {
+        problems.push(format!(
+            "{at}.summary.model: must name a model (every summary would be refused)"
+        ));
+    }
+    if let Some(summary) = &policy.summary
         && summary.target_tokens >= summary.trigger_tokens
     {
         problems.push(format!(
@@ -59,6 +66,40 @@ pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> V
                 .is_some_and(|rest| rest.starts_with(['.', ':']))
         })
     });
+    problems
+}
+
+/// Zero where zero makes every request fail: a timeout of 0 s times every call out at once.
+pub fn upstream_problems(upstream: &super::tenant::UpstreamSection) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, value) in [
+        ("timeout_s", upstream.timeout_s),
+        ("connect_timeout_s", upstream.connect_timeout_s),
+    ] {
+        if value == 0 {
+            problems.push(format!(
+                "upstream.{key}: must be above 0 (every request would time out at once)"
+            ));
+        }
+    }
+    problems
+}
+
+/// Zero where zero makes every request fail, in the server file: a body limit of 0 bytes
+/// refuses every body, a context window of 0 tokens every conversation.
+pub fn server_problems(server: &super::ServerFile) -> Vec<String> {
+    let mut problems = Vec::new();
+    if server.server.max_body_bytes == 0 {
+        problems
+            .push("server.max_body_bytes: must be above 0 (every body would be refused)".into());
+    }
+    for (pattern, entry) in &server.models.0 {
+        if entry.context_window == 0 {
+            problems.push(format!(
+                "models.{pattern}.context_window: must be above 0 (every request would be too long)"
+            ));
+        }
+    }
     problems
 }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::policy::SummaryPolicy;
 use super::report::{RemoveReason, SummaryUse};
-use super::segments::segments;
+use super::segments::{link_results, segments};
 use super::work::{Item, Msg, Work};
 use crate::conversation::{Message, Role};
 
@@ -205,6 +205,7 @@ pub fn plan_summary(
     {
         keep_start = user;
     }
+    let keep_start = with_late_results(entries, from, keep_start);
     if keep_start <= from {
         return None;
     }
@@ -213,4 +214,35 @@ pub fn plan_summary(
         until: entries[keep_start - 1].index,
         history_tokens,
     })
+}
+
+/// Where the kept history must start (a position in `entries`, at most `keep_start`) so that no
+/// call before it has a result after it. Segments keep a call with the results right after it;
+/// a result that comes late (after a later message) is linked to its call only by id. Were the
+/// call summarised and its result kept, repair would drop the result as an orphan: neither the
+/// summariser nor the model would ever read it. So the call is kept, from the user message
+/// before it where there is one after `from` (the kept history begins at a user message, as
+/// above), else from the call itself.
+/// `from`: the first position the summary may cover.
+pub(crate) fn with_late_results(entries: &[Entry<'_>], from: usize, keep_start: usize) -> usize {
+    if keep_start <= from || keep_start >= entries.len() {
+        return keep_start;
+    }
+    let links = link_results(entries[from..].iter().map(|e| e.message));
+    let mut keep_start = keep_start;
+    loop {
+        let split_call = (keep_start..entries.len())
+            .filter_map(|pos| links[pos - from])
+            .map(|(call, _)| call + from)
+            .filter(|&call| call < keep_start)
+            .min();
+        let Some(call) = split_call else {
+            return keep_start;
+        };
+        // A user message after `from` only: one at `from` would leave nothing to cover.
+        keep_start = (from + 1..=call)
+            .rev()
+            .find(|&pos| entries[pos].message.role == Role::User)
+            .unwrap_or(call);
+    }
 }

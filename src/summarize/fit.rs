@@ -4,6 +4,7 @@
 //! and the rest is folded in by the next, rolling, summary.
 
 use crate::context::segments::segments;
+use crate::context::summary::with_late_results;
 use crate::context::{Entry, SummaryPlan};
 use crate::conversation::Role;
 
@@ -23,10 +24,17 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
     for seg in segments(|pos| entries[pos].message, start..end) {
         let t: u64 = entries[seg.clone()].iter().map(|e| e.tokens).sum();
         if until.is_some() && total + t > cap {
-            return SummaryPlan {
-                until: at_user.or(until).unwrap_or(plan.until),
-                ..plan
+            let until = at_user.or(until).unwrap_or(plan.until);
+            // Nor may the shorter plan cover a call whose result comes late, after its end.
+            let keep_start = entries.partition_point(|e| e.index <= until);
+            let guarded = with_late_results(entries, start, keep_start);
+            // Unless that leaves nothing to cover: progress comes first.
+            let until = if guarded > start {
+                entries[guarded - 1].index
+            } else {
+                until
             };
+            return SummaryPlan { until, ..plan };
         }
         total += t;
         until = Some(entries[seg.end - 1].index);
