@@ -441,6 +441,50 @@ async fn failed_summary_never_fails_the_request_and_is_retried_later() {
     assert!(counter(&proxy, "ctxproxy_summaries_total{outcome=\"error\"}").await >= 1.0);
 }
 
+/// A session deleted (admin DELETE) while its summary is being made: the summary has nowhere
+/// to go, which is what was asked for. Counted as skipped, not as a failed summary.
+#[tokio::test]
+async fn a_summary_of_a_session_deleted_meanwhile_is_skipped_not_failed() {
+    // Every answer, the summariser's too, takes a while: time to delete the session.
+    let mock = ctxproxy::mock_upstream::spawn(Duration::from_millis(500)).await;
+    let proxy = Proxy::start(opts(false), &mock.base_url()).await;
+    script(&mock, 200, "facts");
+    let history = long_conversation(30);
+    turn(&proxy, "deleted-meanwhile", &history).await;
+    proxy.state.pending.settle_all().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mock.requests().iter().any(is_summary_request) {
+        assert!(Instant::now() < deadline, "no summary was asked for");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        proxy
+            .state
+            .store
+            .delete_session("default", "deleted-meanwhile")
+            .await
+            .unwrap()
+    );
+    settle(&proxy).await;
+    assert_eq!(
+        counter(&proxy, "ctxproxy_summaries_total{outcome=\"error\"}").await,
+        0.0
+    );
+    assert_eq!(
+        counter(&proxy, "ctxproxy_summaries_total{outcome=\"skipped\"}").await,
+        1.0
+    );
+    assert!(
+        proxy
+            .state
+            .store
+            .get_session("default", "deleted-meanwhile")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 /// A conversation of `turns` fabricated turns plus a new question: over the trigger at once.
 fn long_conversation(turns: usize) -> Vec<Value> {
     let mut history = vec![system()];
