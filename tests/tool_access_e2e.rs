@@ -767,3 +767,60 @@ async fn a_responses_custom_tool_call_in_the_history_is_scrubbed() {
         .collect();
     assert_eq!(sent["input"], Value::Array(kept), "{sent}");
 }
+
+/// A Responses built-in tool's items name their tool by their type: a `local_shell_call` in
+/// the current turn is a call to `local_shell` (403 for a role without it, as a function call
+/// would be), and with `scrub_history` a history `web_search_call` or `mcp_call` goes (reason
+/// `tool_access`) when this request offers no such tool, with the reasoning before it.
+#[tokio::test]
+async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let shell = json!({"type": "local_shell_call", "id": "ls_1", "call_id": "ls1", "status": "completed",
+        "action": {"type": "exec", "command": ["cat", "/etc/passwd"], "env": {}}});
+    let shell_output = json!({"type": "local_shell_call_output", "id": "lso_1", "call_id": "ls1", "output": "root:x:0:0"});
+    let body = json!({"model": "m", "input": [
+        {"role": "user", "content": "run it"}, shell, shell_output]});
+    let resp = responses(&proxy, "sk-viewer", body.clone()).await;
+    assert_eq!(resp.status(), 403);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+    assert_eq!(v["error"]["param"], "input");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("local_shell")
+    );
+    assert!(mock.requests().is_empty());
+    // The admin role may use every tool.
+    assert_eq!(responses(&proxy, "sk-admin", body).await.status(), 200);
+
+    let history = json!([
+        {"role": "user", "content": "look it up"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "xyz"},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed",
+            "action": {"type": "search", "query": "secret"}},
+        {"type": "mcp_call", "id": "mcp_1", "server_label": "bank", "name": "balance",
+            "arguments": "{}", "output": "secret 1000"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "found"}]},
+        {"role": "user", "content": "and now?"}
+    ]);
+    let body = json!({"model": "m", "input": history, "tools": [tool("search_web")]});
+    let resp = responses(&proxy, "sk-viewer", body).await;
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    let types: Vec<&str> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap_or("message"))
+        .collect();
+    assert_eq!(types, ["message", "message", "message"], "{sent}");
+    // Offered, a built-in tool's history stays.
+    let body = json!({"model": "m", "input": history,
+        "tools": [{"type": "web_search_preview_2025_03_11"}, {"type": "mcp", "server_label": "bank"}]});
+    assert_eq!(responses(&proxy, "sk-admin", body).await.status(), 200);
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["input"], history, "{sent}");
+}

@@ -52,7 +52,7 @@ pub use report::{
     CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
 };
 pub use summary::{Entry, StoredSummary, SummaryPlan, plan_summary};
-pub use tool_access::{offered_tool_names, tool_name};
+pub use tool_access::{builtin_tool_of, offered_tool_names, offers_any, tool_name};
 
 use work::{Item, Msg, Work, current_turn_start};
 

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::removal::remove_calls;
 use super::report::RemoveReason;
 use super::work::Work;
+use crate::conversation::{ITEM_ROLE_PREFIX, Role};
 
 /// The tool names a request offers, from its `tools` array (see [`tool_name`]).
 pub fn offered_tool_names(tools: Option<&Value>) -> HashSet<String> {
@@ -47,4 +48,46 @@ pub(crate) fn apply(work: &mut Work<'_>, offered: &HashSet<String>) {
     remove_calls(work, RemoveReason::ToolAccess, false, |_, _, call| {
         !offered.contains(call.name())
     });
+    // A built-in tool's items (a Responses `web_search_call`, a `local_shell_call` and its
+    // output) stand alone, each with the reasoning before it: they go whole.
+    work.remove_where(RemoveReason::ToolAccess, |_, item| {
+        item.history
+            && builtin_tool_of(&item.msg.role).is_some_and(|tools| !offers_any(offered, tools))
+    });
+}
+
+/// The built-in tool whose call (or output) a Responses item of this role is
+/// (`item:local_shell_call`, see `responses_items`), by the names its tool's `type` may have:
+/// the first is the one to name in an error. `None` for anything else.
+pub fn builtin_tool_of(role: &Role) -> Option<&'static [&'static str]> {
+    let Role::Other(label) = role else {
+        return None;
+    };
+    let kind = label.strip_prefix(ITEM_ROLE_PREFIX)?;
+    let tools: &'static [&'static str] = match kind {
+        "web_search_call" => &["web_search", "web_search_preview"],
+        "file_search_call" => &["file_search"],
+        "computer_call" | "computer_call_output" => &["computer_use_preview", "computer"],
+        "code_interpreter_call" => &["code_interpreter"],
+        "image_generation_call" => &["image_generation"],
+        "local_shell_call" | "local_shell_call_output" => &["local_shell"],
+        "shell_call" | "shell_call_output" => &["shell"],
+        "apply_patch_call" | "apply_patch_call_output" => &["apply_patch"],
+        "mcp_call" | "mcp_list_tools" | "mcp_approval_request" | "mcp_approval_response" => {
+            &["mcp"]
+        }
+        _ => return None,
+    };
+    Some(tools)
+}
+
+/// Whether `offered` holds one of a built-in tool's names, or a dated version of one
+/// (`web_search_preview_2025_03_11`).
+pub fn offers_any(offered: &HashSet<String>, tools: &[&str]) -> bool {
+    offered.iter().any(|name| {
+        tools.iter().any(|tool| {
+            name.strip_prefix(tool)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+        })
+    })
 }
