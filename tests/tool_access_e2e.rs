@@ -824,3 +824,42 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
     let sent = mock.requests()[2].body_json().unwrap();
     assert_eq!(sent["input"], history, "{sent}");
 }
+
+/// A Realtime session's tools are declared when it is created and used over a connection the
+/// client opens to the provider with the ephemeral secret, past the proxy: a tenant that
+/// limits tools per role creates none (403, as it forwards no WebSocket). Others pass through.
+#[tokio::test]
+async fn a_tenant_with_roles_creates_no_realtime_session() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let session = json!({"session": {"type": "realtime", "model": "gpt-realtime",
+        "tools": [{"type": "function", "name": "get_account_balance"}]}});
+    for path in [
+        "realtime/client_secrets",
+        "realtime/sessions",
+        "realtime//client%5Fsecrets",
+    ] {
+        let resp = client()
+            .post(format!("{}/{path}", proxy.base_url()))
+            .bearer_auth("sk-viewer")
+            .json(&session)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
+    }
+    assert!(mock.requests().is_empty());
+
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let resp = client()
+        .post(format!("{}/realtime/client_secrets", proxy.base_url()))
+        .bearer_auth("sk-client")
+        .json(&session)
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(resp.status(), 403);
+    assert_eq!(mock.requests().len(), 1, "forwarded");
+}

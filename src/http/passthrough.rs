@@ -138,6 +138,16 @@ async fn forward_inner(
     super::body::check_declared_length(request.headers(), limit)?;
     check_path(request.method(), request.uri().path())?;
     let tenant = &selected.tenant;
+    if !tenant.file.tools.roles.is_empty()
+        && mints_a_realtime_session(request.method(), request.uri().path())
+    {
+        // The session's tools are declared here and used over a connection the client then
+        // opens to the provider itself, with the secret: no role could ever be checked.
+        return Err(Error::ToolNotAllowed {
+            message: "this tenant limits tools per role, which cannot be checked in a Realtime session; Realtime sessions and client secrets are not created for it".to_string(),
+            param: None,
+        });
+    }
     let up = &tenant.file.upstream;
     let (parts, body) = request.into_parts();
     let rest = parts
@@ -226,6 +236,18 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether this request creates a Realtime session or an ephemeral client secret for one
+/// (`POST /v1/realtime/client_secrets`, `/v1/realtime/sessions`): a session whose tools go to
+/// the provider over a connection that never passes the proxy.
+fn mints_a_realtime_session(method: &Method, path: &str) -> bool {
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    method == Method::POST
+        && matches!(
+            segments(&decoded).as_slice(),
+            ["v1", "realtime", "client_secrets" | "sessions"]
+        )
 }
 
 /// The non-empty segments of a decoded path: `/v1//chat/completions/` is `[v1, chat, completions]`.
