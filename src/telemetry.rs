@@ -8,6 +8,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::env;
 
+/// `info`, less the file watcher's own warnings: while a watched path is missing it warns on
+/// every poll (twice a second), in its debug format; the reload that fails on it says so once.
+const DEFAULT_FILTER: &str = "info,notify=error";
+
 /// Installs the global subscriber once; later calls are ignored (tests call it freely). A
 /// filter or format that does not parse falls back to the default and is logged as a warning
 /// once logging is up, so a typo does not go unnoticed.
@@ -19,9 +23,9 @@ pub fn init_logging() {
                 "{}: not a log filter ({e}); using `info`",
                 env::LOG
             ));
-            EnvFilter::new("info")
+            EnvFilter::new(DEFAULT_FILTER)
         }),
-        _ => EnvFilter::new("info"),
+        _ => EnvFilter::new(DEFAULT_FILTER),
     };
     let json = match std::env::var(env::LOG_FORMAT) {
         Ok(f) if f.eq_ignore_ascii_case("json") => true,

@@ -56,7 +56,9 @@ pub async fn list_sessions(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
-    let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    let Query(mut q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
+    // `?tenant=` (a form's empty field) names no tenant: every tenant's sessions, as without it.
+    q.tenant = q.tenant.filter(|t| !t.is_empty());
     let limit = match q.limit.as_deref() {
         None => 50,
         Some(v) => v

@@ -490,7 +490,12 @@ async fn prepare(
         },
     )
     .await?;
-    log.session = Some(resolved.id.clone());
+    // A generated id names the session once the turn is open: a store that failed to open it
+    // created nothing under that id, and an answer must not name a session that is not there.
+    let generated = matches!(resolved.source, session::resolve::Source::New);
+    if !generated {
+        log.session = Some(resolved.id.clone());
+    }
     if resolved.anchor.is_some() {
         // The stored chain is sent whole, after the upstream-held response it began from (if
         // any): dropping that one would silently lose what only the upstream knows.
@@ -547,6 +552,7 @@ async fn prepare(
                 })
                 .await?;
             crate::metrics::store_op("open_turn", t.elapsed());
+            log.session = Some(resolved.id.clone());
             (Either::Right(std::future::ready(Ok(lock))), assembled)
         }
     };
@@ -572,6 +578,7 @@ async fn prepare(
     let (opened, rewritten) = tokio::join!(biased; opening, rewrite);
     // A store failure is reported before a rewrite error, as if they had run in turn.
     let lock = opened?;
+    log.session = Some(resolved.id.clone());
     let mut completion = Completion {
         state: state.clone(),
         tenant: tenant.name.clone(),

@@ -84,9 +84,17 @@ async fn session_list_pages_by_next_cursor_and_by_last_session_id(b: Backend) {
     .await;
     assert_eq!(by_id, newest_first, "pages by the last id seen");
 
-    // Without a tenant too, while the id names one session only.
+    // Without a tenant too, while the id names one session only; an empty `tenant=` names none.
     let by_id = all_pages(&proxy, "limit=3", |page| {
         format!("limit=3&after={}", page["last_id"].as_str().unwrap())
+    })
+    .await;
+    assert_eq!(by_id, newest_first);
+    let by_id = all_pages(&proxy, "tenant=&limit=3", |page| {
+        format!(
+            "tenant=&limit=3&after={}",
+            page["last_id"].as_str().unwrap()
+        )
     })
     .await;
     assert_eq!(by_id, newest_first);

@@ -244,7 +244,17 @@ async fn store_down_is_503_store_unavailable_and_the_upstream_is_not_called(b: B
         let err = assert_openai_error(&refused.body);
         assert_eq!(err["type"], "server_error", "{}", refused.body);
         assert_eq!(err["code"], "store_unavailable", "{}", refused.body);
+        assert_eq!(
+            refused.session.as_deref(),
+            Some(session),
+            "the session named"
+        );
     }
+    // Without a session id, the refusal names none: the id the proxy would have generated
+    // names nothing stored.
+    let refused = chat(&proxy.base_url(), "sk-a", &[], &request(&[user("new")])).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.session, None, "{}", refused.body);
     assert!(mock.requests().is_empty(), "the upstream was never called");
     assert!(
         proxy.store_errors_total().await >= errors_before + 2.0,
