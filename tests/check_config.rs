@@ -869,3 +869,39 @@ fn zero_limits_and_an_empty_summary_model_are_problems() {
         assert!(out.contains(expected), "{expected}\n{out}");
     }
 }
+
+/// A section left empty (every entry under it commented out) is its defaults, as a section
+/// left out is, in the server file and in tenant files; problems inside a section still name
+/// their path.
+#[test]
+fn empty_sections_are_their_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "acme",
+            "keys: any\nupstream:\nsession:\npolicy:\n  # token_budget: { max_tokens: 1000 }\ntools:\n",
+        )],
+    );
+    let head = std::fs::read_to_string(&server).unwrap();
+    std::fs::write(
+        &server,
+        format!("{head}server:\ndatabase:\nadmin:\ndefaults:\n  # repair: {{ unanswered_calls: drop }}\nmodels:\n"),
+    )
+    .unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok: "), "{out}");
+
+    std::fs::write(
+        dir.path().join("tenants/acme.yaml"),
+        "keys: any\npolicy:\n  token_budget:\n    max_tokens: lots\n",
+    )
+    .unwrap();
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("tenants/acme.yaml: policy.token_budget.max_tokens: expected an integer"),
+        "{out}"
+    );
+}

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::yaml::empty_as_default;
 use crate::context::Policy;
 use crate::tokens::ModelOverrides;
 
@@ -13,20 +14,20 @@ use crate::tokens::ModelOverrides;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub server: ServerSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub database: DatabaseSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub admin: AdminSection,
     #[serde(default = "default_tenants_dir")]
     pub tenants_dir: PathBuf,
     /// A policy merged under every tenant's own.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub defaults: Policy,
     /// Glob on the request's model → the facts the pipeline needs; first match wins, then the
     /// built-in table.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub models: ModelOverrides,
 }
 

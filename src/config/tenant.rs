@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::yaml::empty_as_default;
 use crate::context::Policy;
 
 /// A tenant file as written.
@@ -12,13 +13,13 @@ use crate::context::Policy;
 #[serde(deny_unknown_fields)]
 pub struct TenantFile {
     pub keys: Keys,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub upstream: UpstreamSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub session: SessionSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub policy: Policy,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "empty_as_default")]
     pub tools: ToolsSection,
 }
 

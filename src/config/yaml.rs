@@ -12,6 +12,16 @@ use serde_saphyr::Error as YamlError;
 
 use tree::{Cuts, Kind, Node, Seg};
 
+/// A section left empty (`defaults:` with every entry commented out) is the section's defaults,
+/// as a section left out is: YAML reads the empty value as null. For `deserialize_with`.
+pub fn empty_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    Ok(<Option<T> as serde::Deserialize>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 /// More passes than any hand-written file has problems; a bound so a surprise cannot loop.
 const MAX_PASSES: usize = 1000;
 
