@@ -128,6 +128,9 @@ const BUILT_IN: &[(&str, u64, Encoding)] = &[
     ("gpt-4-turbo*", 128_000, CL100K),
     ("gpt-4-*-preview", 128_000, CL100K),
     ("gpt-3.5*", 16_385, CL100K),
+    // The first gpt-3.5-turbo snapshots had 4,096 (their -16k versions, 16,385).
+    ("gpt-3.5-turbo-0301", 4_096, CL100K),
+    ("gpt-3.5-turbo-0613", 4_096, CL100K),
     ("gpt-3.5-turbo-instruct*", 4_096, CL100K),
 ];
 
@@ -211,6 +214,9 @@ mod tests {
         let old = table.lookup("ft:gpt-3.5-turbo-0125:acme::x");
         assert_eq!(old.encoding, Encoding::Cl100kBase);
         assert_eq!(table.lookup("ft:unknown:acme"), ModelFacts::UNKNOWN);
+        assert_eq!(table.lookup("gpt-3.5-turbo-0613").context_window, 4_096);
+        assert_eq!(table.lookup("gpt-3.5-turbo-16k-0613").context_window, 16_385);
+        assert_eq!(table.lookup("gpt-3.5-turbo-0125").context_window, 16_385);
     }
 
     fn facts(w: u64, e: Encoding) -> ModelFacts {
