@@ -485,6 +485,37 @@ async fn a_summary_of_a_session_deleted_meanwhile_is_skipped_not_failed() {
     );
 }
 
+/// A blocking summary is a call to the upstream: the time it holds the request is not counted
+/// as the proxy's overhead (request time less upstream time), as the forwarded call is not.
+#[tokio::test]
+async fn a_blocking_summary_is_not_counted_as_overhead() {
+    // Every answer, the summariser's included, takes at least 300 ms.
+    let mock = ctxproxy::mock_upstream::spawn(Duration::from_millis(300)).await;
+    let proxy = Proxy::start(opts(true), &mock.base_url()).await;
+    script(&mock, 200, "facts");
+    turn(&proxy, "blocking-overhead", &long_conversation(30)).await;
+    assert!(
+        mock.requests().iter().any(is_summary_request),
+        "the summary was made"
+    );
+    let total = counter(
+        &proxy,
+        "ctxproxy_request_duration_seconds_sum{endpoint=\"chat.completions\"}",
+    )
+    .await;
+    let upstream = counter(&proxy, "ctxproxy_upstream_duration_seconds_sum").await;
+    let overhead = counter(
+        &proxy,
+        "ctxproxy_overhead_seconds_sum{endpoint=\"chat.completions\"}",
+    )
+    .await;
+    // overhead = total - upstream - summary, and the summary took 300 ms at least.
+    assert!(
+        overhead <= total - upstream - 0.3 + 1e-6,
+        "overhead {overhead}, total {total}, upstream {upstream}"
+    );
+}
+
 /// A conversation of `turns` fabricated turns plus a new question: over the trigger at once.
 fn long_conversation(turns: usize) -> Vec<Value> {
     let mut history = vec![system()];

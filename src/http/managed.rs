@@ -119,6 +119,7 @@ async fn run(
         started: Instant::now(),
         upstream: None,
         session: None,
+        summary_wait: Duration::ZERO,
     };
     // Tracked, so that shutdown waits (within its grace) for the work of a request whose client
     // has already gone: its reply is still read and stored (SPEC 4.2).
@@ -191,6 +192,8 @@ struct AccessLog {
     /// The session, once resolved: every answer from then on names it, errors included (the
     /// request's messages are stored under it by then).
     session: Option<String>,
+    /// Time spent waiting on a blocking summary: an upstream call, so not overhead.
+    summary_wait: Duration,
 }
 
 impl AccessLog {
@@ -205,6 +208,7 @@ impl AccessLog {
             status.as_u16(),
             self.started.elapsed(),
             upstream,
+            self.summary_wait,
         );
         tracing::info!(
             tenant = self.tenant.as_deref().unwrap_or("-"),
@@ -606,6 +610,7 @@ async fn prepare(
     let report = rewritten.report;
     completion.report = report.clone();
     completion.summary_job = rewritten.summary_job;
+    log.summary_wait = rewritten.summary_wait;
     Ok(Prepared {
         call,
         completion,

@@ -106,6 +106,7 @@ impl Drop for Done {
             self.status,
             total,
             self.upstream_started.map(|t| t.elapsed()),
+            Duration::ZERO,
         );
         tracing::info!(
             tenant,

@@ -44,6 +44,8 @@ pub struct Outcome {
     pub report: Option<Report>,
     /// A summary job to start once the answer is stored.
     pub summary_job: Option<summarize::Job>,
+    /// How long a blocking summary held the request (an upstream call of its own).
+    pub summary_wait: std::time::Duration,
 }
 
 /// The role's cut of a request's `tools` (SPEC 6).
@@ -190,6 +192,7 @@ pub async fn rewrite(
             call.put_chat_messages(rewritten.messages);
             Ok(Outcome {
                 report: Some(rewritten.report),
+                summary_wait: summary.blocked_for,
                 summary_job: summary.take_job(),
             })
         }
@@ -217,6 +220,7 @@ pub async fn rewrite(
                         ..Report::default()
                     }),
                     summary_job: None,
+                    summary_wait: std::time::Duration::ZERO,
                 });
             }
             let input = PipelineInput {
@@ -248,6 +252,7 @@ pub async fn rewrite(
             }
             Ok(Outcome {
                 report: Some(report),
+                summary_wait: summary.blocked_for,
                 summary_job: summary.take_job(),
             })
         }

@@ -40,6 +40,9 @@ pub struct Prepared {
     latest_id: Option<i64>,
     /// A non-blocking job, spawned by [`Prepared::take_job`]'s caller after the answer.
     job: Option<Job>,
+    /// How long a blocking summary held the request: a call to the upstream, not the proxy's
+    /// own overhead.
+    pub blocked_for: std::time::Duration,
 }
 
 impl Prepared {
@@ -145,6 +148,7 @@ fn applied_to(latest: Option<Summary>, ids: &[MessageId]) -> Prepared {
         seq: latest.as_ref().zip(index).map(|(s, _)| s.covers_until),
         latest_id: latest.map(|s| s.id),
         job: None,
+        blocked_for: std::time::Duration::ZERO,
     }
 }
 
@@ -208,7 +212,10 @@ pub async fn prepare(
         prepared.job = Some(job);
         return prepared;
     }
-    if let Some(made) = job.run().await {
+    let started = std::time::Instant::now();
+    let made = job.run().await;
+    prepared.blocked_for = started.elapsed();
+    if let Some(made) = made {
         prepared.applied = Some(StoredSummary {
             text: made.text,
             covers_until: plan.until,

@@ -215,7 +215,10 @@ mod tests {
         assert_eq!(old.encoding, Encoding::Cl100kBase);
         assert_eq!(table.lookup("ft:unknown:acme"), ModelFacts::UNKNOWN);
         assert_eq!(table.lookup("gpt-3.5-turbo-0613").context_window, 4_096);
-        assert_eq!(table.lookup("gpt-3.5-turbo-16k-0613").context_window, 16_385);
+        assert_eq!(
+            table.lookup("gpt-3.5-turbo-16k-0613").context_window,
+            16_385
+        );
         assert_eq!(table.lookup("gpt-3.5-turbo-0125").context_window, 16_385);
     }
 
