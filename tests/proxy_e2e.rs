@@ -1291,6 +1291,54 @@ async fn the_next_turn_sent_at_done_finds_the_streamed_reply() {
     }
 }
 
+/// Only the last event waits for the reply to be stored: the answer's own events that arrive
+/// in the same read as `[DONE]` go on at once. Here the upstream sends the last delta, the
+/// finish chunk and `[DONE]` in one write and then keeps the body open, so `[DONE]` reaches the
+/// client only after the proxy stops waiting for the rest (1 s): what came with it must not.
+#[tokio::test]
+async fn events_read_together_with_done_are_not_held_back_with_it() {
+    let first = sse_chunks(&[
+        json!({"id":"c-tog","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}),
+    ]);
+    let together: Vec<u8> = [
+        sse_chunks(&[
+            json!({"choices":[{"index":0,"delta":{"content":"lo"}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ])
+        .concat(),
+        b"data: [DONE]\n\n".to_vec(),
+    ]
+    .concat();
+    let chunks = vec![first[0].clone(), bytes::Bytes::from(together)];
+    let upstream = raw_sse_upstream_lingering(chunks, std::time::Duration::from_secs(30)).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let mut resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut reads = Vec::new();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        reads.push(String::from_utf8_lossy(&chunk).into_owned());
+    }
+    let finish = reads
+        .iter()
+        .position(|r| r.contains("finish_reason\":\"stop"))
+        .expect("the finish chunk came");
+    let done = reads
+        .iter()
+        .position(|r| r.contains("[DONE]"))
+        .expect("[DONE] came");
+    assert!(
+        finish < done,
+        "the finish chunk came before [DONE] was held back for 1 s: {reads:?}"
+    );
+    assert_eq!(reads.concat().matches("[DONE]").count(), 1);
+}
+
 /// Likewise a Responses stream's `response.completed`: a client that acts on it at once, naming
 /// the response as `previous_response_id`, continues the same session (the id is stored by
 /// then), although the upstream keeps the body open after it.

@@ -65,6 +65,8 @@ where
         let mut done_by: Option<Instant> = None;
         // Whether what the client has so far ends at an event boundary (a blank line).
         let mut at_boundary = true;
+        // Bytes of the stream read so far (before the current chunk).
+        let mut read: u64 = 0;
         loop {
             let wait = done_by.map_or(idle, |by| by.saturating_duration_since(Instant::now()));
             let next = tokio::select! {
@@ -88,8 +90,22 @@ where
                     // this chunk completes the last event, which may arrive split across
                     // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
                     acc.feed(&chunk);
+                    let chunk_start = read;
+                    read += chunk.len() as u64;
                     if acc.saw_done() {
-                        held = Some(chunk.to_vec());
+                        // Only from where the last event begins: what came before it in the
+                        // same read is the answer's and goes on now.
+                        let from = acc.done_at().map_or(0, |at| at.saturating_sub(chunk_start));
+                        let from = usize::try_from(from).unwrap_or(0).min(chunk.len());
+                        if from > 0 && !client_gone {
+                            let before = chunk.slice(..from);
+                            at_boundary =
+                                before.ends_with(b"\n\n") || before.ends_with(b"\r\n\r\n");
+                            if tx.send(Ok(before)).await.is_err() {
+                                client_gone = true;
+                            }
+                        }
+                        held = Some(chunk[from..].to_vec());
                         done_by = Some(Instant::now() + AFTER_DONE.min(idle));
                     } else {
                         at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");

@@ -94,8 +94,10 @@ pub struct StreamAccumulator {
     id: Option<String>,
     /// The message of the first error event the upstream sent.
     error: Option<String>,
-    /// A `data: [DONE]` arrived.
+    /// The stream's last event arrived (see [`StreamAccumulator::saw_done`]).
     done: bool,
+    /// Where that event began in the stream (bytes from its start).
+    done_at: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -270,14 +272,26 @@ impl StreamAccumulator {
             id: None,
             error: None,
             done: false,
+            done_at: None,
         }
     }
 
     /// Feeds bytes as they pass to the client.
     pub fn feed(&mut self, chunk: &[u8]) {
-        for event in self.parser.feed(chunk) {
+        let events = self.parser.feed(chunk);
+        for (event, &start) in events.into_iter().zip(self.parser.starts().to_vec().iter()) {
+            let before = self.done;
             self.event(event);
+            if self.done && !before {
+                self.done_at = Some(start);
+            }
         }
+    }
+
+    /// Where the stream's last event began (bytes from the stream's start), once it came: the
+    /// bytes before it are the answer's and go on at once.
+    pub fn done_at(&self) -> Option<u64> {
+        self.done_at
     }
 
     /// The reply rebuilt from everything fed, and whether the stream ended as a whole answer.
@@ -592,6 +606,14 @@ fn merge_delta(acc: &mut Map<String, Value>, key: &str, value: &Value) {
         return;
     }
     match (slot, value) {
+        // An identifier is not streamed in fragments: providers repeat it (an audio reply's
+        // `audio.id` comes with its transcript and again with its data), or send it empty
+        // after the first chunk. A repeated name likewise.
+        (Value::String(acc), Value::String(s)) if names_something(key) => {
+            if !s.is_empty() {
+                acc.clone_from(s);
+            }
+        }
         (Value::String(acc), Value::String(s)) => acc.push_str(s),
         (Value::Object(acc), Value::Object(fields)) => {
             for (k, v) in fields {
@@ -605,6 +627,12 @@ fn merge_delta(acc: &mut Map<String, Value>, key: &str, value: &Value) {
         }
         (slot, _) => *slot = value.clone(),
     }
+}
+
+/// Whether a string field of a delta names something (an id, a role, a status) rather than
+/// carrying text that arrives in fragments (`content`, `transcript`, `data`, `arguments`).
+fn names_something(key: &str) -> bool {
+    key == "id" || key.ends_with("_id") || matches!(key, "name" | "role" | "object" | "status")
 }
 
 /// One entry of a list delta: an object with an `index` merges into the earlier object with the
@@ -935,6 +963,28 @@ mod tests {
             acc.finish().reply.messages[0],
             json!({"role":"assistant","content":null,"refusal":null,
                    "audio":{"id":"audio_1","transcript":"Hello there.","data":"UklGRiQA","expires_at":1729000000}})
+        );
+    }
+
+    /// OpenAI repeats `audio.id` (with the transcript, then with the data): an identifier, or
+    /// a name, sent again is not a fragment to append.
+    #[test]
+    fn repeated_ids_and_names_are_kept_once() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","audio":{"id":"audio_6729","transcript":"Hi"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"transcript":" there"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":null,"audio":{"id":"audio_6729","data":"CAAI"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"audio":{"id":"","data":"lBNb"},"x_provider":{"name":"fk","call_id":"c1"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"x_provider":{"name":"fk","call_id":"c1","text":"a"}}}]}),
+            json!({"choices":[{"index":0,"delta":{"x_provider":{"text":"b"}},"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&body);
+        assert_eq!(
+            acc.finish().reply.messages[0],
+            json!({"role":"assistant","content":null,"refusal":null,
+                   "audio":{"id":"audio_6729","transcript":"Hi there","data":"CAAIlBNb"},
+                   "x_provider":{"name":"fk","call_id":"c1","text":"ab"}})
         );
     }
 

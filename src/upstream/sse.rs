@@ -36,12 +36,20 @@ pub struct SseParser {
     has_data: bool,
     /// Bytes the parser has looked at or moved, for tests of its linearity.
     examined: u64,
+    /// Where `buf[0]` is in the stream (bytes from its start).
+    base: u64,
+    /// Where the current event began in the stream: just after the blank line that ended the
+    /// one before.
+    event_start: u64,
+    /// Where each event the last `feed` (or `finish`) returned began, in order.
+    starts: Vec<u64>,
 }
 
 impl SseParser {
     /// Feeds a chunk and returns the events it completed.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
+        self.starts.clear();
         let mut buf = std::mem::take(&mut self.buf);
         buf.extend_from_slice(chunk);
         if !self.started {
@@ -53,6 +61,7 @@ impl SseParser {
             self.started = true;
             if buf.starts_with(BOM) {
                 buf.drain(..BOM.len());
+                self.base += BOM.len() as u64;
             }
             self.examined += BOM.len() as u64;
         }
@@ -75,7 +84,15 @@ impl SseParser {
                     None => self.after_cr = true,
                 }
             }
+            let emitted = out.len();
             self.line(&buf[start..end], &mut out);
+            if out.len() > emitted {
+                self.starts.push(self.event_start);
+            }
+            if start == end {
+                // A blank line: whatever comes next is the next event's.
+                self.event_start = self.base + next as u64;
+            }
             start = next;
             pos = next;
         }
@@ -84,6 +101,7 @@ impl SseParser {
             // Only the unfinished line stays; its bytes all came after the last line end, so
             // none of them is moved twice.
             buf.drain(..start);
+            self.base += start as u64;
             self.examined += buf.len() as u64;
         }
         self.scanned = buf.len();
@@ -94,6 +112,7 @@ impl SseParser {
     /// Flushes an event left unterminated when the stream ends.
     pub fn finish(&mut self) -> Vec<SseEvent> {
         let mut out = Vec::new();
+        self.starts.clear();
         let rest = std::mem::take(&mut self.buf);
         self.scanned = 0;
         let partial_bom = !self.started && BOM.starts_with(&rest);
@@ -101,7 +120,14 @@ impl SseParser {
             self.line(&rest, &mut out);
         }
         self.line(b"", &mut out);
+        self.starts.resize(out.len(), self.event_start);
         out
+    }
+
+    /// Where each event the last `feed` or `finish` returned began in the stream (bytes from
+    /// its start, a BOM included), in the order returned.
+    pub fn starts(&self) -> &[u64] {
+        &self.starts
     }
 
     /// How many bytes the parser has looked at or moved so far: a bounded multiple of the bytes
@@ -174,6 +200,24 @@ mod tests {
         let mut p = SseParser::default();
         assert!(p.feed(b"data: tail").is_empty());
         assert_eq!(p.finish().len(), 1);
+    }
+
+    #[test]
+    fn each_event_s_start_in_the_stream_is_known() {
+        let mut p = SseParser::default();
+        let first = b"data: a\n\n: ping\n\ndata: b\r\n\r\ndata: [DO";
+        assert_eq!(p.feed(first), vec![data("a"), data("b")]);
+        // The comment is no event; `b` begins after the blank line that ends it.
+        assert_eq!(p.starts(), [0, 17]);
+        assert_eq!(p.feed(b"NE]\n\n"), vec![data("[DONE]")]);
+        assert_eq!(p.starts(), [first.len() as u64 - 9]);
+        let mut p = SseParser::default();
+        assert!(p.feed(b"\xEF\xBB").is_empty());
+        assert_eq!(
+            p.feed(b"\xBFdata: x\n\ndata: y\n\n"),
+            vec![data("x"), data("y")]
+        );
+        assert_eq!(p.starts(), [0, 12]);
     }
 
     fn data(d: &str) -> SseEvent {
