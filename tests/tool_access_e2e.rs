@@ -823,6 +823,38 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
     assert_eq!(responses(&proxy, "sk-admin", body).await.status(), 200);
     let sent = mock.requests()[2].body_json().unwrap();
     assert_eq!(sent["input"], history, "{sent}");
+
+    // A built-in call that goes takes its output with it, a late one in the current turn too
+    // (OpenAI refuses an output whose call is not there).
+    let input = json!([
+        {"role": "user", "content": "q1"},
+        {"type": "computer_call", "id": "cu_1", "call_id": "call_cu", "status": "completed",
+            "action": {"type": "screenshot"}, "pending_safety_checks": []},
+        {"role": "user", "content": "q2"},
+        {"type": "computer_call_output", "call_id": "call_cu",
+            "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA"}}
+    ]);
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .bearer_auth("sk-admin")
+        .json(&json!({"model": "m", "input": input}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let preview: Value = resp.json().await.unwrap();
+    assert_eq!(
+        preview["input"],
+        json!([{"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}]),
+        "{preview}"
+    );
+    let removed: Vec<(u64, &str)> = preview["report"]["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["index"].as_u64().unwrap(), r["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(removed, [(1, "tool_access"), (3, "tool_access")]);
 }
 
 /// A Realtime session's tools are declared when it is created and used over a connection the
@@ -838,6 +870,8 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
         "realtime/client_secrets",
         "realtime/sessions",
         "realtime//client%5Fsecrets",
+        "realtime/calls",
+        "realtime/calls/rtc_1/accept",
     ] {
         let resp = client()
             .post(format!("{}/{path}", proxy.base_url()))

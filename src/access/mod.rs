@@ -26,12 +26,24 @@ pub struct Allowed {
     /// Names of the tools offered upstream after the cut.
     pub offered: HashSet<String>,
     matcher: Option<GlobSet>,
+    /// The role's globs as written.
+    listed: Vec<String>,
 }
 
 impl Allowed {
     /// May this role call a tool of this name?
     pub fn permits(&self, name: &str) -> bool {
         self.matcher.as_ref().is_none_or(|m| m.is_match(name))
+    }
+
+    /// May this role use a built-in tool known by these names (see
+    /// [`crate::context::builtin_tool_of`]): one of them, a dated version of one it lists
+    /// (`web_search_preview_2025_03_11`), or one this request offers after the cut.
+    pub fn permits_builtin(&self, tools: &[&str]) -> bool {
+        self.matcher.is_none()
+            || tools.iter().any(|t| self.permits(t))
+            || crate::context::offers_any(&self.listed, tools)
+            || crate::context::offers_any(&self.offered, tools)
     }
 
     /// True when the role's rules removed something from the request's tools.
@@ -91,6 +103,7 @@ impl ToolAccess {
 }
 
 fn compute(tenant: &Tenant, role: Option<&str>, tools: &[Value]) -> Result<Allowed> {
+    let mut listed = Vec::new();
     let matcher = match role {
         None => None,
         Some(role) => {
@@ -100,6 +113,7 @@ fn compute(tenant: &Tenant, role: Option<&str>, tools: &[Value]) -> Result<Allow
                 .roles
                 .get(role)
                 .ok_or_else(|| Error::UnknownRole(role.to_string()))?;
+            listed.clone_from(globs);
             let mut builder = GlobSetBuilder::new();
             for g in globs {
                 let glob =
@@ -127,6 +141,7 @@ fn compute(tenant: &Tenant, role: Option<&str>, tools: &[Value]) -> Result<Allow
         kept,
         offered,
         matcher,
+        listed,
     })
 }
 
@@ -207,7 +222,24 @@ mod tests {
             kept: Vec::new(),
             offered: HashSet::new(),
             matcher: Some(builder.build().unwrap()),
+            listed: globs.iter().map(|g| g.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn a_built_in_tool_is_permitted_by_any_of_its_names_or_a_dated_one() {
+        let web = &["web_search", "web_search_preview"];
+        assert!(allowed(&["web_search_preview"]).permits_builtin(web));
+        assert!(allowed(&["web_search*"]).permits_builtin(web));
+        assert!(allowed(&["web_search_preview_2025_03_11"]).permits_builtin(web));
+        assert!(!allowed(&["search_web"]).permits_builtin(web));
+        assert!(!allowed(&["web"]).permits_builtin(web));
+        let mut offered = allowed(&["*_2025_03_11"]);
+        assert!(!offered.permits_builtin(web));
+        offered
+            .offered
+            .insert("web_search_preview_2025_03_11".into());
+        assert!(offered.permits_builtin(web), "offered after the cut");
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::removal::remove_calls;
 use super::report::RemoveReason;
 use super::work::Work;
+use crate::conversation::responses_items::item_field;
 use crate::conversation::{ITEM_ROLE_PREFIX, Role};
 
 /// The tool names a request offers, from its `tools` array (see [`tool_name`]).
@@ -50,10 +51,29 @@ pub(crate) fn apply(work: &mut Work<'_>, offered: &HashSet<String>) {
     });
     // A built-in tool's items (a Responses `web_search_call`, a `local_shell_call` and its
     // output) stand alone, each with the reasoning before it: they go whole.
+    let mut gone = HashSet::new();
     work.remove_where(RemoveReason::ToolAccess, |_, item| {
-        item.history
-            && builtin_tool_of(&item.msg.role).is_some_and(|tools| !offers_any(offered, tools))
+        let doomed = item.history
+            && builtin_tool_of(&item.msg.role).is_some_and(|tools| !offers_any(offered, tools));
+        if doomed {
+            for key in ["call_id", "id"] {
+                gone.extend(item_field(&item.msg, key).map(str::to_string));
+            }
+        }
+        doomed
     });
+    // And, wherever it sits (a late one in the current turn too), an output answering a call
+    // that went, as a function call's result goes with it: OpenAI refuses an output whose call
+    // is not there.
+    if !gone.is_empty() {
+        work.remove_where(RemoveReason::ToolAccess, |_, item| {
+            builtin_tool_of(&item.msg.role).is_some()
+                && ["call_id", "approval_request_id"]
+                    .iter()
+                    .filter_map(|key| item_field(&item.msg, key))
+                    .any(|id| gone.contains(id))
+        });
+    }
 }
 
 /// The built-in tool whose call (or output) a Responses item of this role is
@@ -81,12 +101,13 @@ pub fn builtin_tool_of(role: &Role) -> Option<&'static [&'static str]> {
     Some(tools)
 }
 
-/// Whether `offered` holds one of a built-in tool's names, or a dated version of one
+/// Whether `names` holds one of a built-in tool's names, or a dated version of one
 /// (`web_search_preview_2025_03_11`).
-pub fn offers_any(offered: &HashSet<String>, tools: &[&str]) -> bool {
-    offered.iter().any(|name| {
+pub fn offers_any<S: AsRef<str>>(names: impl IntoIterator<Item = S>, tools: &[&str]) -> bool {
+    names.into_iter().any(|name| {
         tools.iter().any(|tool| {
-            name.strip_prefix(tool)
+            name.as_ref()
+                .strip_prefix(tool)
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
         })
     })

@@ -240,14 +240,16 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
 }
 
 /// Whether this request creates a Realtime session or an ephemeral client secret for one
-/// (`POST /v1/realtime/client_secrets`, `/v1/realtime/sessions`): a session whose tools go to
-/// the provider over a connection that never passes the proxy.
+/// (`POST /v1/realtime/client_secrets`, `/v1/realtime/sessions`; a WebRTC call,
+/// `/v1/realtime/calls`; a SIP call accepted with its session, `/v1/realtime/calls/{id}/accept`):
+/// a session whose tools go to the provider over a connection that never passes the proxy.
 fn mints_a_realtime_session(method: &Method, path: &str) -> bool {
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
     method == Method::POST
         && matches!(
             segments(&decoded).as_slice(),
-            ["v1", "realtime", "client_secrets" | "sessions"]
+            ["v1", "realtime", "client_secrets" | "sessions" | "calls"]
+                | ["v1", "realtime", "calls", _, "accept"]
         )
 }
 

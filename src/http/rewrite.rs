@@ -315,8 +315,7 @@ fn check_current_turn(messages: &[Message], allowed: &access::Allowed) -> Result
         // A Responses built-in tool's call or output (`local_shell_call`, `computer_call`):
         // its tool, by any of its names, or a dated version the role's cut kept.
         if let Some(tools) = context::builtin_tool_of(&m.role)
-            && !tools.iter().any(|t| allowed.permits(t))
-            && !context::offers_any(&allowed.offered, tools)
+            && !allowed.permits_builtin(tools)
         {
             return Err(access::forbidden(tools[0], CONVERSATION_PARAM));
         }

@@ -147,14 +147,14 @@ static BUILT_IN_GLOBS: LazyLock<Option<Globs<ModelFacts>>> = LazyLock::new(|| {
     .ok()
 });
 
-/// The built-in facts of a model. A fine-tuned model (`ft:gpt-4o-mini-2024-07-18:org::id`) has
-/// those of the model it was tuned from, as in tiktoken.
+/// The built-in facts of a model (see [`ModelTable::lookup`] for fine-tuned ones).
 fn built_in(model: &str) -> Option<ModelFacts> {
-    let globs = BUILT_IN_GLOBS.as_ref()?;
-    globs.best(model).or_else(|| {
-        let tuned_from = model.strip_prefix("ft:")?.split(':').next()?;
-        globs.best(tuned_from)
-    })
+    BUILT_IN_GLOBS.as_ref()?.best(model)
+}
+
+/// The model a fine-tuned one (`ft:gpt-4o-mini-2024-07-18:org::id`) was tuned from.
+fn tuned_from(model: &str) -> Option<&str> {
+    model.strip_prefix("ft:")?.split(':').next()
 }
 
 /// The model table in force: the user's `models:` entries over the built-in ones.
@@ -181,7 +181,15 @@ impl ModelTable {
 
     /// The facts for `model` (never fails: unknown models get [`ModelFacts::UNKNOWN`]).
     pub fn lookup(&self, model: &str) -> ModelFacts {
-        let base = built_in(model);
+        // A fine-tuned model nobody describes by its own name has the facts of the model it
+        // was tuned from (as in tiktoken), the user's table first, as for that model.
+        if self.user.best(model).is_none()
+            && built_in(model).is_none()
+            && let Some(base) = tuned_from(model)
+        {
+            return self.lookup(base);
+        }
+        let base = built_in(model).or_else(|| tuned_from(model).and_then(built_in));
         match self.user.best(model) {
             Some(entry) => ModelFacts {
                 context_window: entry.context_window,
@@ -256,6 +264,14 @@ mod tests {
         assert_eq!(t.lookup("gpt-4o-mini"), facts(64_000, O200K));
         assert_eq!(t.lookup("llama-3"), facts(8_192, CL100K));
         assert_eq!(t.lookup("gpt-4.1"), facts(1_047_576, O200K));
+        // A fine-tuned model follows what the table says of its base, the user's part too,
+        // unless a glob names it.
+        assert_eq!(t.lookup("ft:gpt-4o-mini:acme::1"), facts(64_000, O200K));
+        assert_eq!(t.lookup("ft:llama-3:acme::1"), facts(8_192, CL100K));
+        let yaml: ModelOverrides =
+            serde_json::from_value(serde_json::json!({"ft:*": {"context_window": 1000}})).unwrap();
+        let t = ModelTable::new(&yaml).unwrap();
+        assert_eq!(t.lookup("ft:gpt-4o-mini:acme::1"), facts(1_000, O200K));
     }
 
     #[test]

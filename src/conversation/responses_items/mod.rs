@@ -333,6 +333,18 @@ enum Fate {
     Repaired(RepairKind),
 }
 
+/// A string field of the item a message of an item the pipeline does not model
+/// (`item:<type>`) was made from: `call_id`, `id`, `approval_request_id`. `None` for other
+/// messages.
+pub fn item_field<'m>(m: &'m Message, key: &str) -> Option<&'m str> {
+    m.extra
+        .get(ORIGINAL_KEY)?
+        .as_array()?
+        .last()?
+        .get(key)?
+        .as_str()
+}
+
 fn with_originals(mut m: Message, items: &[Value]) -> Message {
     m.extra
         .insert(ORIGINAL_KEY.into(), Value::Array(items.to_vec()));
