@@ -183,6 +183,17 @@ impl Job {
             }
             .message(),
         );
+        // The session may have been deleted while the summariser worked, and another begun
+        // under its id: the summary is of messages that session does not hold (or holds again,
+        // the same ones by their chained ids, for which it is still right).
+        if store
+            .load_path(tenant, session, self.anchor)
+            .await?
+            .is_empty()
+        {
+            tracing::info!("the summarised messages are no longer stored; the summary is not kept");
+            return Ok(None);
+        }
         let stored = store
             .insert_summary(
                 tenant,
