@@ -552,3 +552,37 @@ async fn forbidden_call_in_the_current_turn_names_input() {
     assert_eq!(err["error"]["param"], "messages", "{err}");
     assert!(mock.requests().is_empty());
 }
+
+/// OpenAI takes a Responses request with no `input` when its conversation is elsewhere (a
+/// stored `prompt`, an upstream `conversation`, a `previous_response_id`), as the SDK's
+/// `responses.create(prompt=...)` sends it: it goes without one. Without any of those, a
+/// missing `input` is a 400 naming it (SPEC 3).
+#[tokio::test]
+async fn input_may_be_left_out_only_where_the_conversation_is_elsewhere() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let post = |body: Value| {
+        client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .json(&body)
+            .send()
+    };
+    let resp = post(json!({"model": "m"})).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(assert_openai_error(&v)["param"], "input");
+    assert!(mock.requests().is_empty());
+
+    let prompt = json!({"id": "pmpt_1", "variables": {"city": "Paris"}});
+    let resp = post(json!({"model": "m", "prompt": prompt})).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert!(sent.get("input").is_none(), "no input added: {sent}");
+    assert_eq!(sent["prompt"], prompt);
+    // An input the client did send, even empty, goes as sent.
+    let resp = post(json!({"model": "m", "prompt": prompt, "input": []}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["input"], json!([]), "{sent}");
+}

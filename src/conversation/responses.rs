@@ -7,6 +7,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResponsesRequest {
     pub model: String,
+    /// Absent (null) only where the conversation is elsewhere: see
+    /// [`ResponsesRequest::continues_elsewhere`].
+    #[serde(default, skip_serializing_if = "Value::is_null")]
     pub input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<Value>,
@@ -22,11 +25,23 @@ pub struct ResponsesRequest {
     pub metadata: Option<Value>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+    /// The client sent no `input`: none goes upstream unless there are items to send.
+    #[serde(skip)]
+    pub input_absent: bool,
 }
 
 impl ResponsesRequest {
     pub fn is_stream(&self) -> bool {
         self.stream.unwrap_or(false)
+    }
+
+    /// Whether the conversation may be somewhere other than `input`: a previous response, an
+    /// upstream conversation or a stored prompt, which OpenAI accepts with no input at all.
+    pub fn continues_elsewhere(&self) -> bool {
+        self.previous_response_id.is_some()
+            || ["conversation", "prompt"]
+                .iter()
+                .any(|k| self.extra.get(*k).is_some_and(|v| !v.is_null()))
     }
 
     /// `metadata.session_id`, when the client names its session in the body.

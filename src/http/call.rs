@@ -175,6 +175,10 @@ impl Call {
             }
             Call::Responses(r) => Ok(Taken {
                 wire: match std::mem::take(&mut r.input) {
+                    Value::Null => {
+                        r.input_absent = true;
+                        Vec::new()
+                    }
                     Value::String(s) => {
                         let mut m = Map::new();
                         m.insert("role".into(), Value::String("user".into()));
@@ -196,10 +200,15 @@ impl Call {
         }
     }
 
-    /// Puts the Responses input items back.
+    /// Puts the Responses input items back. A request that sent no `input` (its conversation is
+    /// elsewhere) gets none added when there is nothing to send.
     pub fn put_items(&mut self, items: Vec<Value>) {
         if let Call::Responses(r) = self {
-            r.input = Value::Array(items);
+            r.input = if items.is_empty() && r.input_absent {
+                Value::Null
+            } else {
+                Value::Array(items)
+            };
         }
     }
 

@@ -346,11 +346,7 @@ pub(crate) fn check_something_to_send<T>(assembled: &[T], call: &Call) -> Result
     let param = match call {
         Call::Chat(_) => "messages",
         Call::Responses(r) => {
-            let elsewhere = r.previous_response_id.is_some()
-                || ["conversation", "prompt"]
-                    .iter()
-                    .any(|k| r.extra.get(*k).is_some_and(|v| !v.is_null()));
-            if elsewhere {
+            if r.continues_elsewhere() {
                 return Ok(());
             }
             "input"

@@ -67,6 +67,14 @@ pub fn check_chat(r: &ChatRequest) -> Result<()> {
 /// `call_id`, which links them), `instructions` text.
 pub fn check_responses(r: &ResponsesRequest) -> Result<()> {
     match &r.input {
+        // No input: only where the conversation is elsewhere (`responses.create(prompt=...)`).
+        Value::Null if r.continues_elsewhere() => {}
+        Value::Null => {
+            return Err(Error::invalid(
+                "Missing required parameter: 'input'.",
+                Some("input".to_string()),
+            ));
+        }
         Value::String(_) => {}
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
