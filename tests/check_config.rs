@@ -14,6 +14,12 @@ fn write(dir: &std::path::Path, tenants: &[(&str, &str)]) -> std::path::PathBuf 
     server
 }
 
+/// Adds `yaml` to the end of the server file `write` made.
+fn append(server: &std::path::Path, yaml: &str) {
+    let head = std::fs::read_to_string(server).unwrap();
+    std::fs::write(server, format!("{head}{yaml}")).unwrap();
+}
+
 fn check(server: &std::path::Path) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))
         .args(["check-config", "--config"])
@@ -851,12 +857,10 @@ fn zero_limits_and_an_empty_summary_model_are_problems() {
             "keys: any\nupstream:\n  timeout_s: 0\n  connect_timeout_s: 0\npolicy:\n  summary: { model: '', trigger_tokens: 100, target_tokens: 50 }\n",
         )],
     );
-    let head = std::fs::read_to_string(&server).unwrap();
-    std::fs::write(
+    append(
         &server,
-        format!("{head}server:\n  max_body_bytes: 0\nmodels:\n  \"m*\": {{ context_window: 0 }}\n"),
-    )
-    .unwrap();
+        "server:\n  max_body_bytes: 0\nmodels:\n  \"m*\": { context_window: 0 }\n",
+    );
     let (code, out) = check(&server);
     assert_eq!(code, 1, "{out}");
     for expected in [
@@ -883,12 +887,10 @@ fn empty_sections_are_their_defaults() {
             "keys: any\nupstream:\nsession:\npolicy:\n  # token_budget: { max_tokens: 1000 }\ntools:\n",
         )],
     );
-    let head = std::fs::read_to_string(&server).unwrap();
-    std::fs::write(
+    append(
         &server,
-        format!("{head}server:\ndatabase:\nadmin:\ndefaults:\n  # repair: {{ unanswered_calls: drop }}\nmodels:\n"),
-    )
-    .unwrap();
+        "server:\ndatabase:\nadmin:\ndefaults:\n  # repair: { unanswered_calls: drop }\nmodels:\n",
+    );
     let (code, out) = check(&server);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("ok: "), "{out}");
