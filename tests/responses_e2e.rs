@@ -586,3 +586,45 @@ async fn input_may_be_left_out_only_where_the_conversation_is_elsewhere() {
     let sent = mock.requests()[1].body_json().unwrap();
     assert_eq!(sent["input"], json!([]), "{sent}");
 }
+
+/// A Responses stream names its response in its first event. A client that cancels the stream
+/// there (or acts on that event) and continues from that id at once continues the same
+/// conversation: its `previous_response_id` waits until the stream's reply and id are stored,
+/// instead of being taken for an id the proxy does not know.
+#[tokio::test]
+async fn continuing_from_a_response_still_streaming_waits_for_it() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let mut first = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-mock-chunk-delay-ms", "150")
+        .json(&json!({"model": "m", "stream": true, "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    let session = first.headers()["x-ctxproxy-session"].clone();
+    let mut text = String::new();
+    let id = loop {
+        let chunk = first.chunk().await.unwrap().expect("response.created");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(data) = sse_data(&text)
+            .into_iter()
+            .find(|d| d.contains("response.created"))
+        {
+            let event: Value = serde_json::from_str(&data).unwrap();
+            break event["response"]["id"].as_str().unwrap().to_string();
+        }
+    };
+    drop(first);
+    let next = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": "next", "previous_response_id": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    assert_eq!(next.headers()["x-ctxproxy-session"], session);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    let input = sent["input"].as_array().unwrap();
+    assert_eq!(input.len(), 3, "question, its reply, the next one: {sent}");
+}

@@ -684,7 +684,8 @@ async fn send(
         let kind = log.endpoint.kind();
         // The end of the stream is logged under the request's span (request id, endpoint).
         let span = tracing::Span::current();
-        let body = upstream::relay::tee_sse(resp, timeout, kind, abort, move |outcome| {
+        let pending = state.pending.clone();
+        let body = upstream::relay::tee_sse(resp, timeout, kind, abort, pending, move |outcome| {
             let mut stream_log = stream_log;
             let work = async move {
                 let _in_flight = in_flight;

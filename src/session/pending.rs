@@ -92,6 +92,24 @@ impl PendingReplies {
         }
     }
 
+    /// Announces a Responses id known before its reply is written: a stream names its response
+    /// in its first event, and a client that cancels the stream (or acts on that event) may
+    /// continue from it at once. A `previous_response_id` naming it waits (in [`settle`]) until
+    /// the guard is dropped, once the stream's reply and id are stored; nothing else does.
+    ///
+    /// [`settle`]: PendingReplies::settle
+    pub fn announce_response(self: &Arc<Self>, response: &str) -> AnnouncedResponse {
+        *self
+            .lock()
+            .responses
+            .entry(response.to_string())
+            .or_default() += 1;
+        AnnouncedResponse {
+            owner: self.clone(),
+            response: response.to_string(),
+        }
+    }
+
     /// Waits until no reply that `ids` (an incoming conversation's chained ids) or `response`
     /// (a `previous_response_id`) refers to is still being written.
     pub async fn settle(&self, ids: &[MessageId], response: Option<&str>) {
@@ -172,6 +190,20 @@ impl Drop for PendingWrite {
     }
 }
 
+/// A Responses id announced before its reply is stored (see
+/// [`PendingReplies::announce_response`]); dropping it wakes whoever waits for it.
+pub struct AnnouncedResponse {
+    owner: Arc<PendingReplies>,
+    response: String,
+}
+
+impl Drop for AnnouncedResponse {
+    fn drop(&mut self) {
+        decrement(&mut self.owner.lock().responses, &self.response);
+        self.owner.done.notify_waiters();
+    }
+}
+
 fn decrement<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
     if let Some(n) = map.get_mut(key) {
         *n -= 1;
@@ -213,6 +245,26 @@ mod tests {
             "settled while the reply was still pending"
         );
         drop(write);
+        waiter.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_announced_response_holds_back_only_requests_continuing_it() {
+        let pending = Arc::new(PendingReplies::default());
+        let announced = pending.announce_response("resp_s");
+        // Neither the admin API (every write begun) nor a session's readers wait for a stream.
+        pending.settle_all().await;
+        pending.settle_session("t", "s").await;
+        let waiter = {
+            let pending = pending.clone();
+            tokio::spawn(async move { pending.settle(&[], Some("resp_s")).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !waiter.is_finished(),
+            "settled before the stream was stored"
+        );
+        drop(announced);
         waiter.await.unwrap();
     }
 

@@ -6,6 +6,7 @@
 //! of its own, or when a chat stream stops before it finished (see `reply::StreamFailure`).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -16,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::reply::{ApiKind, Reply, StreamAccumulator, StreamFailure};
 use crate::error::Error;
+use crate::session::pending::PendingReplies;
 
 /// How a relayed stream ended.
 #[derive(Debug)]
@@ -35,11 +37,14 @@ pub struct StreamOutcome {
 /// two chunks. When the stream has ended (or failed), `on_done` runs with the rebuilt reply.
 /// `abort` ends the relay early (shutdown's grace period is over): the client gets an error
 /// event and `on_done` still runs, so the request is recorded and its session freed.
+/// `pending`: where a Responses stream's id is announced as soon as it is known, until
+/// `on_done` has stored it.
 pub fn tee_sse<F, Fut>(
     resp: reqwest::Response,
     idle: Duration,
     kind: ApiKind,
     abort: CancellationToken,
+    pending: Arc<PendingReplies>,
     on_done: F,
 ) -> Body
 where
@@ -67,6 +72,9 @@ where
         let mut at_boundary = true;
         // Bytes of the stream read so far (before the current chunk).
         let mut read: u64 = 0;
+        // A client may continue from this response before its stream ends (it cancelled the
+        // stream, or acts on an event): its `previous_response_id` waits for the write.
+        let mut announced = None;
         loop {
             let wait = done_by.map_or(idle, |by| by.saturating_duration_since(Instant::now()));
             let next = tokio::select! {
@@ -90,6 +98,11 @@ where
                     // this chunk completes the last event, which may arrive split across
                     // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
                     acc.feed(&chunk);
+                    if announced.is_none()
+                        && let Some(id) = acc.response_id()
+                    {
+                        announced = Some(pending.announce_response(id));
+                    }
                     let chunk_start = read;
                     read += chunk.len() as u64;
                     if acc.saw_done() {
@@ -164,6 +177,7 @@ where
             client_gone,
         })
         .await;
+        drop(announced);
         if let Some(last) = held
             && !client_gone
         {

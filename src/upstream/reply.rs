@@ -288,6 +288,14 @@ impl StreamAccumulator {
         }
     }
 
+    /// The response a Responses stream answers with, once its first event named it.
+    pub fn response_id(&self) -> Option<&str> {
+        match self.kind {
+            ApiKind::Responses => self.id.as_deref(),
+            ApiKind::Chat => None,
+        }
+    }
+
     /// Where the stream's last event began (bytes from the stream's start), once it came: the
     /// bytes before it are the answer's and go on at once.
     pub fn done_at(&self) -> Option<u64> {
