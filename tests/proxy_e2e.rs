@@ -1619,3 +1619,49 @@ async fn upgrades_that_would_go_around_management_are_refused() {
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     assert!(mock.requests().is_empty(), "nothing went upstream");
 }
+
+/// A close the store refuses (here: another process holds the SQLite file locked past the
+/// busy timeout) loses the reply, which is logged and counted, but not the session: the lease
+/// it could not release is released as soon as the store answers again, instead of blocking the
+/// session (409 after the wait) until it expires 30 s later.
+#[tokio::test]
+async fn a_lease_the_close_could_not_release_is_released_when_the_store_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locked.db");
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 3\n";
+    let opts = ProxyOptions {
+        database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    };
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let ask = |delay: &'static str| {
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "locked-out")
+            .header("x-mock-delay-ms", delay)
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let first = tokio::spawn(ask("700"));
+    // While the upstream answers, another process locks the database for longer than the
+    // proxy's busy timeout (10 s): the close after the answer fails.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    let failed = "ctxproxy_store_errors_total";
+    for _ in 0..300 {
+        let m = proxy.metrics_text().await;
+        if m.lines()
+            .any(|l| l.starts_with(failed) && !l.ends_with(" 0"))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    // The session is free again well before the lease would have expired.
+    let next = ask("0").await.unwrap();
+    assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
+}

@@ -16,7 +16,7 @@ use crate::context::Report;
 use crate::conversation::MessageId;
 use crate::metrics;
 use crate::session::SessionLock;
-use crate::store::{Append, NewMessage, NewRequestRecord, Origin, TurnClose};
+use crate::store::{Append, Lease, NewMessage, NewRequestRecord, Origin, TurnClose};
 use crate::upstream::reply::Reply;
 
 /// The stored side of one managed request, finished once its answer is complete.
@@ -139,6 +139,8 @@ impl Completion {
             choices,
             usage,
         };
+        let lease = self.lock.take().and_then(SessionLock::into_lease);
+        let kept_lease = lease.clone();
         let close = TurnClose {
             reply: (!new.is_empty()).then_some(Append {
                 parent: self.reply_parent,
@@ -147,12 +149,19 @@ impl Completion {
             response_id,
             upstream_root: self.upstream_root.take(),
             record,
-            lease: self.lock.take().and_then(SessionLock::into_lease),
+            lease,
             awaited,
         };
         let t = Instant::now();
         let closed = self.state.store.close_turn(close).await;
         metrics::store_op("close_turn", t.elapsed());
+        let lease_kept = closed
+            .failures
+            .iter()
+            .any(|(what, _)| matches!(*what, "close the turn" | "release the session lease"));
+        if lease_kept && let Some(lease) = kept_lease {
+            release_later(self.state.clone(), lease);
+        }
         if !closed.failures.is_empty() && self.session_was_deleted().await {
             // An admin DELETE while the request ran: the reply has nowhere to go, and that is
             // what was asked for, not a store failure to alert on.
@@ -167,6 +176,27 @@ impl Completion {
             job.spawn();
         }
     }
+}
+
+/// Releases a session lease the close could not (the store was down or locked), retrying for
+/// a while on its own task: else the session stays busy until the lease expires (30 s), and
+/// every request on it waits or gets 409 meanwhile.
+fn release_later(state: Arc<AppState>, lease: Lease) {
+    tokio::spawn(
+        async move {
+            for wait in [250, 500, 1000, 2000, 4000, 8000] {
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                match state.store.unlock_session(&lease).await {
+                    Ok(()) => {
+                        tracing::info!("session lease released after the close failed");
+                        return;
+                    }
+                    Err(e) => tracing::debug!(error = %e, "session lease still not released"),
+                }
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 impl Completion {
