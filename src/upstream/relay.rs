@@ -200,7 +200,10 @@ const AFTER_DONE_BYTES: usize = 64 * 1024;
 fn failure_error(failure: StreamFailure) -> Error {
     let what = match failure {
         StreamFailure::Reported(message) => format!("the upstream sent an error event: {message}"),
-        StreamFailure::CutShort => "it ended without a finish_reason or [DONE]".to_string(),
+        StreamFailure::CutShort => {
+            "it ended before the answer did (no finish_reason, [DONE] or response.completed)"
+                .to_string()
+        }
     };
     Error::UpstreamUnreachable(format!("upstream stream failed: {what}"))
 }

@@ -319,6 +319,11 @@ impl StreamAccumulator {
             {
                 Some(StreamFailure::CutShort)
             }
+            // A Responses stream with no terminal event and not one finished item stopped before
+            // it answered anything.
+            None if self.kind == ApiKind::Responses && !self.done && self.items.is_empty() => {
+                Some(StreamFailure::CutShort)
+            }
             None => None,
         };
         let reply = match self.kind {
@@ -1048,6 +1053,22 @@ mod tests {
         );
         // What came before the error is still rebuilt, for the request record.
         assert_eq!(streamed.reply.messages[0]["content"], "Half");
+    }
+
+    #[test]
+    fn a_responses_stream_without_a_terminal_event_or_a_finished_item_is_cut_short() {
+        let created = json!({"type": "response.created", "response": {"id": "r1", "output": []}});
+        let delta = json!({"type": "response.output_text.delta", "output_index": 0, "delta": "Ha"});
+        let body = format!("data: {created}\n\ndata: {delta}\n\n");
+        let mut acc = StreamAccumulator::new(ApiKind::Responses);
+        acc.feed(body.as_bytes());
+        assert_eq!(acc.finish().failure, Some(StreamFailure::CutShort));
+        // A finished item is kept (README), as is an answer with its terminal event.
+        let item = json!({"type": "response.output_item.done", "output_index": 0,
+            "item": {"type": "message", "role": "assistant", "content": []}});
+        let mut kept = StreamAccumulator::new(ApiKind::Responses);
+        kept.feed(format!("{body}data: {item}\n\n").as_bytes());
+        assert_eq!(kept.finish().failure, None);
     }
 
     #[test]
