@@ -628,3 +628,57 @@ async fn continuing_from_a_response_still_streaming_waits_for_it() {
     let input = sent["input"].as_array().unwrap();
     assert_eq!(input.len(), 3, "question, its reply, the next one: {sent}");
 }
+
+/// Another process sharing the database may be streaming the response a request continues
+/// from: the id is not stored yet, but that stream holds the session's lease until it is.
+/// A request naming the session waits for the lease and looks the id up again, instead of
+/// forwarding it unresolved (here the test plays the other process: it holds the lease, then
+/// records the response and lets go).
+#[tokio::test]
+async fn an_id_another_process_is_still_streaming_is_looked_up_once_the_session_is_free() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let url = format!("{}/responses", proxy.base_url());
+    let first = client()
+        .post(&url)
+        .header("x-session-id", "shared")
+        .json(&json!({"model": "m", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    proxy.state.pending.settle_all().await;
+    let store = proxy.state.store.clone();
+    let head = store
+        .get_session("default", "shared")
+        .await
+        .unwrap()
+        .unwrap()
+        .head
+        .unwrap();
+    let other = store
+        .lock_session(
+            "default",
+            "shared",
+            std::time::Duration::from_secs(30),
+            std::time::Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    let next = tokio::spawn(
+        client()
+            .post(&url)
+            .header("x-session-id", "shared")
+            .json(&json!({"model": "m", "input": "next", "previous_response_id": "resp_elsewhere"}))
+            .send(),
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    store
+        .record_response("default", "resp_elsewhere", "shared", head, None)
+        .await
+        .unwrap();
+    store.unlock_session(&other).await.unwrap();
+    assert_eq!(next.await.unwrap().unwrap().status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
+}

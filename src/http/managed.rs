@@ -460,7 +460,10 @@ async fn prepare(
     let previous = match call.previous_response_id() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
-            store.find_response(&tenant.name, id).await?
+            match store.find_response(&tenant.name, id).await? {
+                Some(found) => Some(found),
+                None => once_the_named_session_is_free(state, tenant, headers, &call, id).await?,
+            }
         }
         None => None,
     };
@@ -612,6 +615,42 @@ async fn prepare(
         completion,
         report,
     })
+}
+
+/// A `previous_response_id` not stored yet may be a response another process is streaming on
+/// the session this request names (processes sharing a PostgreSQL database; this process's own
+/// streams announce theirs, see `PendingReplies::announce_response`). That stream holds the
+/// session's lease until its reply and id are stored: once the lease is free, look again. Only
+/// for a named session that exists; a lease not free within the tenant's timeout leaves the id
+/// unknown (the turn's own wait then answers 409).
+async fn once_the_named_session_is_free(
+    state: &AppState,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    call: &Call,
+    id: &str,
+) -> Result<Option<crate::store::ResponseRef>> {
+    let named = headers
+        .get(tenant.file.session.header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .or_else(|| call.metadata_session_id());
+    let Some(session) = named.filter(|s| !s.is_empty()) else {
+        return Ok(None);
+    };
+    let store = state.store.as_ref();
+    if store.get_session(&tenant.name, session).await?.is_none() {
+        return Ok(None);
+    }
+    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+    let Ok(lease) = store
+        .lock_session(&tenant.name, session, LEASE_TTL, wait)
+        .await
+    else {
+        return Ok(None);
+    };
+    store.unlock_session(&lease).await?;
+    store.find_response(&tenant.name, id).await
 }
 
 /// Forwards the prepared request and relays the answer; the completion runs when it is whole.
