@@ -855,6 +855,24 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
         .map(|r| (r["index"].as_u64().unwrap(), r["reason"].as_str().unwrap()))
         .collect();
     assert_eq!(removed, [(1, "tool_access"), (3, "tool_access")]);
+
+    // A `local_shell_call_output` names its call by `id` (the SDK's type has no `call_id`).
+    let input = json!([
+        {"role": "user", "content": "q1"},
+        {"type": "local_shell_call", "id": "ls_1", "call_id": "c2", "status": "completed",
+            "action": {"type": "exec", "command": ["ls"], "env": {}}},
+        {"role": "user", "content": "q2"},
+        {"type": "local_shell_call_output", "id": "c2", "output": "a"}
+    ]);
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .bearer_auth("sk-admin")
+        .json(&json!({"model": "m", "input": input}))
+        .send()
+        .await
+        .unwrap();
+    let preview: Value = resp.json().await.unwrap();
+    assert_eq!(preview["input"].as_array().unwrap().len(), 2, "{preview}");
 }
 
 /// A Realtime session's tools are declared when it is created and used over a connection the

@@ -67,8 +67,16 @@ pub(crate) fn apply(work: &mut Work<'_>, offered: &HashSet<String>) {
     // is not there.
     if !gone.is_empty() {
         work.remove_where(RemoveReason::ToolAccess, |_, item| {
+            // A `local_shell_call_output` names its call by `id`.
+            let own_id =
+                matches!(&item.msg.role, Role::Other(r) if r.ends_with(":local_shell_call_output"));
+            let links: &[&str] = if own_id {
+                &["call_id", "id"]
+            } else {
+                &["call_id", "approval_request_id"]
+            };
             builtin_tool_of(&item.msg.role).is_some()
-                && ["call_id", "approval_request_id"]
+                && links
                     .iter()
                     .filter_map(|key| item_field(&item.msg, key))
                     .any(|id| gone.contains(id))

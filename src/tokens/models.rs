@@ -181,24 +181,21 @@ impl ModelTable {
 
     /// The facts for `model` (never fails: unknown models get [`ModelFacts::UNKNOWN`]).
     pub fn lookup(&self, model: &str) -> ModelFacts {
-        // A fine-tuned model nobody describes by its own name has the facts of the model it
-        // was tuned from (as in tiktoken), the user's table first, as for that model.
-        if self.user.best(model).is_none()
-            && built_in(model).is_none()
-            && let Some(base) = tuned_from(model)
-        {
-            return self.lookup(base);
-        }
-        let base = built_in(model).or_else(|| tuned_from(model).and_then(built_in));
+        // A fine-tuned model has the facts of the model it was tuned from (as in tiktoken), the
+        // user's table first, as for that model, unless something names it by its own name.
+        let tuned = || tuned_from(model).map(|base| self.lookup(base));
         match self.user.best(model) {
             Some(entry) => ModelFacts {
                 context_window: entry.context_window,
                 encoding: entry
                     .encoding
-                    .or(base.map(|b| b.encoding))
+                    .or_else(|| built_in(model).map(|b| b.encoding))
+                    .or_else(|| tuned().map(|b| b.encoding))
                     .unwrap_or(Encoding::Approximate),
             },
-            None => base.unwrap_or(ModelFacts::UNKNOWN),
+            None => built_in(model)
+                .or_else(tuned)
+                .unwrap_or(ModelFacts::UNKNOWN),
         }
     }
 }
@@ -272,6 +269,18 @@ mod tests {
             serde_json::from_value(serde_json::json!({"ft:*": {"context_window": 1000}})).unwrap();
         let t = ModelTable::new(&yaml).unwrap();
         assert_eq!(t.lookup("ft:gpt-4o-mini:acme::1"), facts(1_000, O200K));
+        // A glob on the fine-tuned name without an encoding takes its base's, yours first.
+        let yaml: ModelOverrides = serde_json::from_value(serde_json::json!({
+            "gpt-4o-mini*": {"context_window": 1000, "encoding": "cl100k_base"},
+            "ft:*:special::*": {"context_window": 100000}
+        }))
+        .unwrap();
+        let t = ModelTable::new(&yaml).unwrap();
+        assert_eq!(
+            t.lookup("ft:gpt-4o-mini:special::x"),
+            facts(100_000, CL100K)
+        );
+        assert_eq!(t.lookup("ft:gpt-4o-mini:org::x"), facts(1_000, CL100K));
     }
 
     #[test]
