@@ -184,8 +184,9 @@ impl Completion {
 fn release_later(state: Arc<AppState>, lease: Lease) {
     tokio::spawn(
         async move {
-            for wait in [250, 500, 1000, 2000, 4000, 8000] {
-                tokio::time::sleep(Duration::from_millis(wait)).await;
+            // Every half second for 15 s: the session is free soon after the store is back.
+            for _ in 0..30 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 match state.store.unlock_session(&lease).await {
                     Ok(()) => {
                         tracing::info!("session lease released after the close failed");
