@@ -1339,6 +1339,68 @@ async fn events_read_together_with_done_are_not_held_back_with_it() {
     assert_eq!(reads.concat().matches("[DONE]").count(), 1);
 }
 
+/// The last event goes on as soon as the reply is stored, not after the upstream has closed
+/// its body: here the upstream sends a comment half a second after `[DONE]` and then keeps the
+/// body open. `[DONE]` reaches the client before that comment does (which is still relayed, as
+/// a tail within the proxy's bound), and the body ends without the upstream's close.
+#[tokio::test]
+async fn the_last_event_does_not_wait_for_the_upstream_to_close() {
+    use axum::routing::post;
+    use futures_util::StreamExt;
+    let answer = || async {
+        let events = sse_chunks(&[
+            json!({"id":"c-linger","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+        ]);
+        let head = futures_util::stream::iter(events).chain(futures_util::stream::once(async {
+            bytes::Bytes::from_static(b"data: [DONE]\n\n")
+        }));
+        let tail = futures_util::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            bytes::Bytes::from_static(b": tail\n\n")
+        })
+        .chain(futures_util::stream::once(async {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            bytes::Bytes::new()
+        }));
+        let body = head.chain(tail).map(Ok::<_, std::convert::Infallible>);
+        (
+            [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+            axum::body::Body::from_stream(body),
+        )
+    };
+    let app = axum::Router::new().route("/v1/chat/completions", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let proxy = Proxy::start(ProxyOptions::default(), &format!("http://{addr}/v1")).await;
+    let mut resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut reads = Vec::new();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(chunk) = resp.chunk().await.unwrap() {
+            reads.push(String::from_utf8_lossy(&chunk).into_owned());
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the body ended before the upstream closed it"
+    );
+    let done = reads.iter().position(|r| r.contains("[DONE]")).unwrap();
+    assert!(!reads[done].contains(": tail"), "{reads:?}");
+    assert!(
+        reads[done..].concat().contains(": tail"),
+        "the tail is relayed: {reads:?}"
+    );
+}
+
 /// Likewise a Responses stream's `response.completed`: a client that acts on it at once, naming
 /// the response as `previous_response_id`, continues the same session (the id is stored by
 /// then), although the upstream keeps the body open after it.

@@ -64,10 +64,7 @@ where
         // until the reply is stored: the SDKs stop reading there and may send the next turn at
         // once, which must find this reply (auto matching, a resent history, its
         // `previous_response_id`) rather than race its write.
-        let mut held: Option<Vec<u8>> = None;
-        // After the last event the upstream has nothing left to say; one that keeps the
-        // connection open (or keeps sending comments) is waited for until this deadline only.
-        let mut done_by: Option<Instant> = None;
+        let mut held: Option<Bytes> = None;
         // Whether what the client has so far ends at an event boundary (a blank line).
         let mut at_boundary = true;
         // Bytes of the stream read so far (before the current chunk).
@@ -76,9 +73,8 @@ where
         // stream, or acts on an event): its `previous_response_id` waits for the write.
         let mut announced = None;
         loop {
-            let wait = done_by.map_or(idle, |by| by.saturating_duration_since(Instant::now()));
             let next = tokio::select! {
-                next = tokio::time::timeout(wait, stream.next()) => next,
+                next = tokio::time::timeout(idle, stream.next()) => next,
                 () = abort.cancelled() => {
                     error = Some(Error::ShuttingDown);
                     break;
@@ -86,14 +82,6 @@ where
             };
             match next {
                 Ok(Some(Ok(chunk))) => {
-                    if let Some(held) = &mut held {
-                        // Bytes after the last event follow it, in order, within a bound.
-                        if held.len() + chunk.len() > AFTER_DONE_BYTES {
-                            break;
-                        }
-                        held.extend_from_slice(&chunk);
-                        continue;
-                    }
                     // The rebuild sees the chunk before the client does: only it can tell that
                     // this chunk completes the last event, which may arrive split across
                     // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
@@ -118,8 +106,10 @@ where
                                 client_gone = true;
                             }
                         }
-                        held = Some(chunk[from..].to_vec());
-                        done_by = Some(Instant::now() + AFTER_DONE.min(idle));
+                        // The answer is whole: it is stored now, whatever the upstream
+                        // does with the rest of its body (see `relay_the_rest`).
+                        held = Some(chunk.slice(from..));
+                        break;
                     } else {
                         at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
                         if !client_gone && tx.send(Ok(chunk)).await.is_err() {
@@ -140,16 +130,12 @@ where
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    if held.is_none() && !acc.answered() {
+                    if !acc.answered() {
                         error = Some(Error::UpstreamTimeout(idle));
                     }
                     break;
                 }
             }
-        }
-        // The last event arrived: what happens after it does not change how the stream ended.
-        if held.is_some() {
-            error = None;
         }
         let upstream_done = Instant::now();
         let streamed = acc.finish();
@@ -180,8 +166,9 @@ where
         drop(announced);
         if let Some(last) = held
             && !client_gone
+            && tx.send(Ok(last)).await.is_ok()
         {
-            let _ = tx.send(Ok(Bytes::from(last))).await;
+            relay_the_rest(&mut stream, &tx, AFTER_DONE.min(idle), &abort).await;
         }
         drop(tx);
     });
@@ -194,6 +181,32 @@ const AFTER_DONE: Duration = Duration::from_secs(1);
 /// How many bytes after the last event are passed on (comments, keep-alive pings); the rest
 /// is not.
 const AFTER_DONE_BYTES: usize = 64 * 1024;
+
+/// After the last event the upstream has nothing left to say; what it still sends (comments,
+/// keep-alive pings) is passed on, up to [`AFTER_DONE_BYTES`] and for `linger` at most, so an
+/// upstream that keeps the connection open does not keep the response open with it.
+async fn relay_the_rest<S>(
+    stream: &mut S,
+    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    linger: Duration,
+    abort: &CancellationToken,
+) where
+    S: futures_util::Stream<Item = reqwest::Result<Bytes>> + Unpin,
+{
+    let until = tokio::time::Instant::now() + linger;
+    let mut relayed = 0usize;
+    loop {
+        let next = tokio::select! {
+            next = tokio::time::timeout_at(until, stream.next()) => next,
+            () = abort.cancelled() => return,
+        };
+        let Ok(Some(Ok(chunk))) = next else { return };
+        relayed += chunk.len();
+        if relayed > AFTER_DONE_BYTES || tx.send(Ok(chunk)).await.is_err() {
+            return;
+        }
+    }
+}
 
 /// A stream that the transport delivered but that is not a whole answer, as the error its
 /// request ends with (502, like a stream the transport broke).
