@@ -682,3 +682,46 @@ async fn an_id_another_process_is_still_streaming_is_looked_up_once_the_session_
     assert!(sent.get("previous_response_id").is_none(), "{sent}");
     assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
 }
+
+/// The wait for a response still streaming is bounded as a wait for a session is, by the
+/// tenant's `timeout_s`: after it the id is looked up as it stands (here: not stored yet, so
+/// forwarded as an unknown id), not held for as long as the stream runs.
+#[tokio::test]
+async fn the_wait_for_a_streaming_response_is_bounded_by_the_tenant_timeout() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 1\n";
+    let (proxy, mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", tenant)).await;
+    let mut first = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .header("x-mock-chunk-delay-ms", "700")
+        .json(&json!({"model": "m", "stream": true, "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    let id = loop {
+        let chunk = first.chunk().await.unwrap().expect("response.created");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(data) = sse_data(&text)
+            .into_iter()
+            .find(|d| d.contains("response.created"))
+        {
+            let event: Value = serde_json::from_str(&data).unwrap();
+            break event["response"]["id"].as_str().unwrap().to_string();
+        }
+    };
+    let next = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .json(&json!({"model": "m", "input": "next", "previous_response_id": id}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(
+        sent["previous_response_id"],
+        json!(id),
+        "not resolved: {sent}"
+    );
+    while first.chunk().await.unwrap().is_some() {}
+}

@@ -459,7 +459,10 @@ async fn prepare(
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     let previous = match call.previous_response_id() {
         Some(id) => {
-            state.pending.settle(&[], Some(id)).await;
+            // A stream still running may hold it (announced): waited for as long as a session
+            // is, no longer; then the id is looked up as it stands.
+            let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+            let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(id))).await;
             match store.find_response(&tenant.name, id).await? {
                 Some(found) => Some(found),
                 None => once_the_named_session_is_free(state, tenant, headers, &call, id).await?,
