@@ -1695,7 +1695,7 @@ async fn a_lease_the_close_could_not_release_is_released_when_the_store_answers(
         database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
         ..ProxyOptions::default().only_tenant("default", tenant)
     };
-    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let (proxy, mock) = proxy_and_mock(opts).await;
     let ask = |delay: &'static str| {
         client()
             .post(format!("{}/chat/completions", proxy.base_url()))
@@ -1705,9 +1705,14 @@ async fn a_lease_the_close_could_not_release_is_released_when_the_store_answers(
             .send()
     };
     let first = tokio::spawn(ask("700"));
-    // While the upstream answers, another process locks the database for longer than the
-    // proxy's busy timeout (10 s): the close after the answer fails.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // While the upstream answers (its turn open), another process locks the database for
+    // longer than the proxy's busy timeout (10 s): the close after the answer fails.
+    for _ in 0..400 {
+        if !mock.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
     let locker = rusqlite::Connection::open(&db).unwrap();
     locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
     assert_eq!(first.await.unwrap().unwrap().status(), 200);

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::common::*;
 use super::{Backend, chat, reply_message, upstream_histories, user, without_seq};
+use ctxproxy::mock_upstream::MockHandle;
 
 fn server(session: &str) -> Vec<(&str, &str)> {
     vec![("x-session-id", session), ("x-ctxproxy-history", "server")]
@@ -158,8 +159,14 @@ async fn a_server_mode_request_with_nothing_to_send_is_a_400(b: Backend) {
 
 /// Holds `session` with a slow request, sends `messages` behind it from a client that gives up
 /// while it waits, and returns once the holder is answered. `server`: server history mode.
-async fn give_up_behind_a_slow_request(base: &str, session: &str, server_mode: bool) {
+async fn give_up_behind_a_slow_request(
+    base: &str,
+    mock: &MockHandle,
+    session: &str,
+    server_mode: bool,
+) {
     let mode = if server_mode { "server" } else { "client" };
+    let before = mock.requests().len();
     let holder = {
         let (base, session) = (base.to_string(), session.to_string());
         tokio::spawn(async move {
@@ -171,7 +178,14 @@ async fn give_up_behind_a_slow_request(base: &str, session: &str, server_mode: b
             chat(&base, "sk-a", &headers, &plain(&[user("first")])).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The holder has the session once its request reached the upstream (on a loaded machine
+    // that can take longer than any fixed pause).
+    for _ in 0..400 {
+        if mock.requests().len() > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let gave_up = client()
         .post(format!("{base}/chat/completions"))
         .bearer_auth("sk-a")
@@ -192,7 +206,7 @@ async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend
 
     // Client mode: its messages went to the store with the lease; they stay, and its record
     // says 499.
-    give_up_behind_a_slow_request(&base, "busy-client", false).await;
+    give_up_behind_a_slow_request(&base, &mock, "busy-client", false).await;
     proxy.wait_for_records("default", "busy-client", 2).await;
     let store = proxy.store().await;
     let records = store.list_requests("default", "busy-client").await.unwrap();
@@ -201,7 +215,7 @@ async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend
 
     // Server mode: nothing of it is stored (it would follow whatever came meanwhile, such as
     // the client's own retry), and the session is free at once.
-    give_up_behind_a_slow_request(&base, "busy", true).await;
+    give_up_behind_a_slow_request(&base, &mock, "busy", true).await;
     let next = chat(&base, "sk-a", &server("busy"), &plain(&[user("next")])).await;
     assert_eq!(next.status, 200, "{}", next.body);
     assert_eq!(
