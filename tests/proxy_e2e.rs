@@ -62,6 +62,23 @@ fn streamed_chat(base: &str, content: &str) -> reqwest::RequestBuilder {
     )
 }
 
+/// Serves `app` on a loopback port as a fake upstream; its `/v1` base URL.
+async fn serve_upstream(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/v1")
+}
+
+/// A response body as the client read it, one string per read.
+async fn body_reads(mut resp: reqwest::Response) -> Vec<String> {
+    let mut reads = Vec::new();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        reads.push(String::from_utf8_lossy(&chunk).into_owned());
+    }
+    reads
+}
+
 /// Where `needle` first occurs in `haystack` (the raw body a peer received).
 fn at(haystack: &str, needle: &str) -> usize {
     haystack
@@ -897,10 +914,7 @@ async fn raw_sse_upstream_lingering(
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(answer.clone()))
         .route("/v1/responses", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/v1")
+    serve_upstream(app).await
 }
 
 /// `events` as SSE `data:` events, one network write each.
@@ -979,10 +993,7 @@ async fn breaking_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
         }
     };
     let app = axum::Router::new().route("/v1/chat/completions", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/v1")
+    serve_upstream(app).await
 }
 
 /// The whole body of a streamed chat request on `session`.
@@ -1073,10 +1084,7 @@ async fn a_streamed_request_answered_with_a_page_ends_with_a_readable_error_even
             )
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let proxy = Proxy::start(ProxyOptions::default(), &format!("http://{addr}/v1")).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &serve_upstream(app).await).await;
     let resp = streamed_chat(&proxy.base_url(), "q")
         .header("x-session-id", "s-page")
         .send()
@@ -1312,18 +1320,8 @@ async fn events_read_together_with_done_are_not_held_back_with_it() {
     let chunks = vec![first[0].clone(), bytes::Bytes::from(together)];
     let upstream = raw_sse_upstream_lingering(chunks, std::time::Duration::from_secs(30)).await;
     let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
-    let mut resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut reads = Vec::new();
-    while let Some(chunk) = resp.chunk().await.unwrap() {
-        reads.push(String::from_utf8_lossy(&chunk).into_owned());
-    }
+    let resp = streamed_chat(&proxy.base_url(), "hi").send().await.unwrap();
+    let reads = body_reads(resp).await;
     let finish = reads
         .iter()
         .position(|r| r.contains("finish_reason\":\"stop"))
@@ -1370,29 +1368,11 @@ async fn the_last_event_does_not_wait_for_the_upstream_to_close() {
         )
     };
     let app = axum::Router::new().route("/v1/chat/completions", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let proxy = Proxy::start(ProxyOptions::default(), &format!("http://{addr}/v1")).await;
-    let mut resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .json(
-            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .send()
+    let proxy = Proxy::start(ProxyOptions::default(), &serve_upstream(app).await).await;
+    let resp = streamed_chat(&proxy.base_url(), "hi").send().await.unwrap();
+    let reads = tokio::time::timeout(std::time::Duration::from_secs(20), body_reads(resp))
         .await
-        .unwrap();
-    let mut reads = Vec::new();
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
-        while let Some(chunk) = resp.chunk().await.unwrap() {
-            reads.push(String::from_utf8_lossy(&chunk).into_owned());
-        }
-    })
-    .await;
-    assert!(
-        ended.is_ok(),
-        "the body ended before the upstream closed it"
-    );
+        .expect("the body ended before the upstream closed it");
     let done = reads.iter().position(|r| r.contains("[DONE]")).unwrap();
     assert!(!reads[done].contains(": tail"), "{reads:?}");
     assert!(

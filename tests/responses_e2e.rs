@@ -587,6 +587,22 @@ async fn input_may_be_left_out_only_where_the_conversation_is_elsewhere() {
     assert_eq!(sent["input"], json!([]), "{sent}");
 }
 
+/// Reads a Responses stream until its `response.created` event; the response id it names.
+async fn created_response_id(stream: &mut reqwest::Response) -> String {
+    let mut text = String::new();
+    loop {
+        let chunk = stream.chunk().await.unwrap().expect("response.created");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(data) = sse_data(&text)
+            .into_iter()
+            .find(|d| d.contains("response.created"))
+        {
+            let event: Value = serde_json::from_str(&data).unwrap();
+            return event["response"]["id"].as_str().unwrap().to_string();
+        }
+    }
+}
+
 /// A Responses stream names its response in its first event. A client that cancels the stream
 /// there (or acts on that event) and continues from that id at once continues the same
 /// conversation: its `previous_response_id` waits until the stream's reply and id are stored,
@@ -602,18 +618,7 @@ async fn continuing_from_a_response_still_streaming_waits_for_it() {
         .await
         .unwrap();
     let session = first.headers()["x-ctxproxy-session"].clone();
-    let mut text = String::new();
-    let id = loop {
-        let chunk = first.chunk().await.unwrap().expect("response.created");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        if let Some(data) = sse_data(&text)
-            .into_iter()
-            .find(|d| d.contains("response.created"))
-        {
-            let event: Value = serde_json::from_str(&data).unwrap();
-            break event["response"]["id"].as_str().unwrap().to_string();
-        }
-    };
+    let id = created_response_id(&mut first).await;
     drop(first);
     let next = client()
         .post(format!("{}/responses", proxy.base_url()))
@@ -698,18 +703,7 @@ async fn the_wait_for_a_streaming_response_is_bounded_by_the_tenant_timeout() {
         .send()
         .await
         .unwrap();
-    let mut text = String::new();
-    let id = loop {
-        let chunk = first.chunk().await.unwrap().expect("response.created");
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        if let Some(data) = sse_data(&text)
-            .into_iter()
-            .find(|d| d.contains("response.created"))
-        {
-            let event: Value = serde_json::from_str(&data).unwrap();
-            break event["response"]["id"].as_str().unwrap().to_string();
-        }
-    };
+    let id = created_response_id(&mut first).await;
     let next = client()
         .post(format!("{}/responses", proxy.base_url()))
         .json(&json!({"model": "m", "input": "next", "previous_response_id": id}))

@@ -347,6 +347,17 @@ async fn a_reply_calling_a_forbidden_tool_is_returned_and_not_counted_as_a_rewri
     assert_eq!(count, 0.0, "{metrics}");
 }
 
+/// The Responses preview route, as `key`.
+async fn preview_responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {
+    client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn responses(proxy: &Proxy, key: &str, body: Value) -> reqwest::Response {
     client()
         .post(format!("{}/responses", proxy.base_url()))
@@ -834,13 +845,7 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
         {"type": "computer_call_output", "call_id": "call_cu",
             "output": {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA"}}
     ]);
-    let resp = client()
-        .post(proxy.url("/ctxproxy/v1/preview/responses"))
-        .bearer_auth("sk-admin")
-        .json(&json!({"model": "m", "input": input}))
-        .send()
-        .await
-        .unwrap();
+    let resp = preview_responses(&proxy, "sk-admin", json!({"model": "m", "input": input})).await;
     assert_eq!(resp.status(), 200);
     let preview: Value = resp.json().await.unwrap();
     assert_eq!(
@@ -864,13 +869,7 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
         {"role": "user", "content": "q2"},
         {"type": "local_shell_call_output", "id": "c2", "output": "a"}
     ]);
-    let resp = client()
-        .post(proxy.url("/ctxproxy/v1/preview/responses"))
-        .bearer_auth("sk-admin")
-        .json(&json!({"model": "m", "input": input}))
-        .send()
-        .await
-        .unwrap();
+    let resp = preview_responses(&proxy, "sk-admin", json!({"model": "m", "input": input})).await;
     let preview: Value = resp.json().await.unwrap();
     assert_eq!(preview["input"].as_array().unwrap().len(), 2, "{preview}");
 }
