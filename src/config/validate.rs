@@ -40,20 +40,18 @@ pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> V
             _ => {}
         }
     }
-    if let Some(summary) = &policy.summary
-        && summary.model.trim().is_empty()
-    {
-        problems.push(format!(
-            "{at}.summary.model: must name a model (every summary would be refused)"
-        ));
-    }
-    if let Some(summary) = &policy.summary
-        && summary.target_tokens >= summary.trigger_tokens
-    {
-        problems.push(format!(
-            "{at}.summary.target_tokens: must be less than trigger_tokens ({} is not less than {})",
-            summary.target_tokens, summary.trigger_tokens
-        ));
+    if let Some(summary) = &policy.summary {
+        if summary.model.trim().is_empty() {
+            problems.push(format!(
+                "{at}.summary.model: must name a model (every summary would be refused)"
+            ));
+        }
+        if summary.target_tokens >= summary.trigger_tokens {
+            problems.push(format!(
+                "{at}.summary.target_tokens: must be less than trigger_tokens ({} is not less than {})",
+                summary.target_tokens, summary.trigger_tokens
+            ));
+        }
     }
     problems.retain(|problem| {
         let step = problem

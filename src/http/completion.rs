@@ -155,11 +155,9 @@ impl Completion {
         let t = Instant::now();
         let closed = self.state.store.close_turn(close).await;
         metrics::store_op("close_turn", t.elapsed());
-        let lease_kept = closed
-            .failures
-            .iter()
-            .any(|(what, _)| matches!(*what, "close the turn" | "release the session lease"));
-        if lease_kept && let Some(lease) = kept_lease {
+        if closed.lease_kept()
+            && let Some(lease) = kept_lease
+        {
             release_later(self.state.clone(), lease);
         }
         if !closed.failures.is_empty() && self.session_was_deleted().await {

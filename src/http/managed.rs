@@ -633,14 +633,11 @@ async fn once_the_named_session_is_free(
     call: &Call,
     id: &str,
 ) -> Result<Option<crate::store::ResponseRef>> {
-    let named = headers
-        .get(tenant.file.session.header.as_str())
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .or_else(|| call.metadata_session_id());
-    let Some(session) = named.filter(|s| !s.is_empty()) else {
+    let named = session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
+    let Some((session, _)) = named else {
         return Ok(None);
     };
+    let session = session.as_str();
     let store = state.store.as_ref();
     if store.get_session(&tenant.name, session).await?.is_none() {
         return Ok(None);

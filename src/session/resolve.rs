@@ -60,9 +60,15 @@ pub async fn resolve(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Re
     Ok(resolved)
 }
 
-async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Result<Resolved> {
+/// The session a request names itself, first that applies: the tenant's session header, then
+/// `metadata.session_id`. A name that is not a valid id is a 400.
+pub fn named_session(
+    tenant: &Tenant,
+    headers: &HeaderMap,
+    metadata_session_id: Option<&str>,
+) -> Result<Option<(String, Source)>> {
     let header = &tenant.file.session.header;
-    if let Some(v) = hints.headers.get(header.as_str()) {
+    if let Some(v) = headers.get(header.as_str()) {
         let id = v
             .to_str()
             .ok()
@@ -76,14 +82,9 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
                     Some(header.clone()),
                 )
             })?;
-        return Ok(Resolved {
-            id: id.to_string(),
-            source: Source::Header,
-            anchor: None,
-            stored_prefix: 0,
-        });
+        return Ok(Some((id.to_string(), Source::Header)));
     }
-    if let Some(id) = hints.metadata_session_id {
+    if let Some(id) = metadata_session_id {
         if !valid_id(id) {
             return Err(Error::invalid(
                 format!(
@@ -92,9 +93,16 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
                 Some("metadata.session_id".to_string()),
             ));
         }
+        return Ok(Some((id.to_string(), Source::Metadata)));
+    }
+    Ok(None)
+}
+
+async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Result<Resolved> {
+    if let Some((id, source)) = named_session(tenant, hints.headers, hints.metadata_session_id)? {
         return Ok(Resolved {
-            id: id.to_string(),
-            source: Source::Metadata,
+            id,
+            source,
             anchor: None,
             stored_prefix: 0,
         });

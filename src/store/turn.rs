@@ -70,6 +70,20 @@ pub struct TurnClosed {
     pub failures: Vec<(&'static str, Error)>,
 }
 
+/// The failure of a close whose job did not run at all (nothing of it was written).
+pub(crate) const CLOSE_FAILED: &str = "close the turn";
+/// The failure of a close's last part.
+pub(crate) const RELEASE_FAILED: &str = "release the session lease";
+
+impl TurnClosed {
+    /// Whether the session's lease is still held: the close failed as a whole, or its release.
+    pub fn lease_kept(&self) -> bool {
+        self.failures
+            .iter()
+            .any(|(what, _)| matches!(*what, CLOSE_FAILED | RELEASE_FAILED))
+    }
+}
+
 /// [`Store::open_turn`] from the single calls.
 pub(crate) async fn open_by_parts<S: Store + ?Sized>(
     store: &S,
@@ -151,7 +165,7 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
     if let Some(lease) = lease
         && let Err(e) = store.unlock_session(&lease).await
     {
-        failures.push(("release the session lease", e));
+        failures.push((RELEASE_FAILED, e));
     }
     TurnClosed { failures }
 }

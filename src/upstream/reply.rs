@@ -279,11 +279,11 @@ impl StreamAccumulator {
     /// Feeds bytes as they pass to the client.
     pub fn feed(&mut self, chunk: &[u8]) {
         let events = self.parser.feed(chunk);
-        for (event, &start) in events.into_iter().zip(self.parser.starts().to_vec().iter()) {
+        for (i, event) in events.into_iter().enumerate() {
             let before = self.done;
             self.event(event);
             if self.done && !before {
-                self.done_at = Some(start);
+                self.done_at = self.parser.starts().get(i).copied();
             }
         }
     }

@@ -7,7 +7,9 @@
 use rusqlite::Connection;
 
 use super::super::Appended;
-use super::super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened, open_by_parts};
+use super::super::turn::{
+    CLOSE_FAILED, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen, TurnOpened, open_by_parts,
+};
 use super::threads::exec;
 use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
 use crate::{Error, Result};
@@ -70,7 +72,7 @@ impl SqliteStore {
             self.threads.write_deferred(job).await
         };
         let closed = closed.unwrap_or_else(|e| TurnClosed {
-            failures: vec![("close the turn", e)],
+            failures: vec![(CLOSE_FAILED, e)],
         });
         if let Some((tenant, session)) = released {
             self.wakeups.wake(&tenant, &session);
@@ -119,7 +121,7 @@ fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
     if let Some(lease) = &lease
         && let Err(e) = part(conn, || release_lease(conn, LeaseKind::Session, lease))
     {
-        failures.push(("release the session lease", e));
+        failures.push((RELEASE_FAILED, e));
     }
     TurnClosed { failures }
 }
