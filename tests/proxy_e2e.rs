@@ -1663,11 +1663,11 @@ async fn upgrades_that_would_go_around_management_are_refused() {
 }
 
 /// A close the store refuses (here: another process holds the SQLite file locked past the
-/// busy timeout) loses the reply, which is logged and counted, but not the session: the lease
-/// it could not release is released as soon as the store answers again, instead of blocking the
-/// session (409 after the wait) until it expires 30 s later.
+/// busy timeout) is logged and counted, and tried again: once the store answers, the reply and
+/// the request record are stored and the lease is released, instead of the reply being lost
+/// and the session blocked (409 after the wait) until its lease expires 30 s later.
 #[tokio::test]
-async fn a_lease_the_close_could_not_release_is_released_when_the_store_answers() {
+async fn a_close_the_store_refused_is_stored_when_the_store_answers() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locked.db");
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 3\n";
@@ -1711,4 +1711,12 @@ async fn a_lease_the_close_could_not_release_is_released_when_the_store_answers(
     // The session is free again well before the lease would have expired.
     let next = ask("0").await.unwrap();
     assert_eq!(next.status(), 200, "{}", next.text().await.unwrap());
+    // Both requests' records, the first one's reply included: nothing was lost.
+    proxy.wait_for_records("default", "locked-out", 2).await;
+    let records = proxy.request_records("default", "locked-out").await;
+    assert_eq!(records.len(), 2, "{records:?}");
+    assert!(records.iter().all(|r| r["status"] == 200), "{records:?}");
+    let messages = proxy.stored_messages("default", "locked-out").await;
+    let roles: Vec<_> = messages.iter().map(|m| m["role"].clone()).collect();
+    assert_eq!(roles, [json!("user"), json!("assistant")], "{messages:?}");
 }

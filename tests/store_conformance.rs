@@ -109,6 +109,7 @@ conformance!(
     turns::a_turn_waits_for_the_lease_before_appending,
     turns::a_failed_open_holds_nothing,
     turns::a_failing_reply_still_leaves_the_record_and_frees_the_lease,
+    turns::a_close_nothing_of_which_was_stored_is_handed_back,
 );
 
 /// A chat message with the given role and text.

@@ -9,14 +9,14 @@ use axum::http::StatusCode;
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::managed::Endpoint;
+use super::managed::{Endpoint, LEASE_TTL};
 use crate::access::Allowed;
 use crate::app::AppState;
 use crate::context::Report;
 use crate::conversation::MessageId;
 use crate::metrics;
 use crate::session::SessionLock;
-use crate::store::{Append, Lease, NewMessage, NewRequestRecord, Origin, TurnClose};
+use crate::store::{Append, Lease, NewMessage, NewRequestRecord, Origin, TurnClose, TurnClosed};
 use crate::upstream::reply::Reply;
 
 /// The stored side of one managed request, finished once its answer is complete.
@@ -153,27 +153,101 @@ impl Completion {
             awaited,
         };
         let t = Instant::now();
-        let closed = self.state.store.close_turn(close).await;
+        let mut closed = self.state.store.close_turn(close).await;
         metrics::store_op("close_turn", t.elapsed());
-        if closed.lease_kept()
-            && let Some(lease) = kept_lease
-        {
-            release_later(self.state.clone(), lease);
-        }
+        let unstored = closed.unstored.take();
         if !closed.failures.is_empty() && self.session_was_deleted().await {
             // An admin DELETE while the request ran: the reply has nowhere to go, and that is
             // what was asked for, not a store failure to alert on.
             tracing::info!("the session was deleted while its request ran; its reply is not kept");
+            if let Some(lease) = kept_lease.filter(|_| closed.lease_kept()) {
+                release_later(self.state.clone(), lease);
+            }
         } else {
-            for (what, e) in closed.failures {
-                metrics::store_error();
-                tracing::error!(error = %e, "could not {what}");
+            let lease_kept = closed.lease_kept();
+            log_failures(closed);
+            match unstored {
+                Some(close) => close_later(self.state.clone(), close),
+                None if lease_kept => {
+                    if let Some(lease) = kept_lease {
+                        release_later(self.state.clone(), lease);
+                    }
+                }
+                None => {}
             }
         }
         if let Some(job) = self.summary_job.take() {
             job.spawn();
         }
     }
+}
+
+/// Counts and logs what a close could not store.
+fn log_failures(closed: TurnClosed) {
+    for (what, e) in closed.failures {
+        metrics::store_error();
+        tracing::error!(error = %e, "could not {what}");
+    }
+}
+
+/// How often, and for how long, a close the store refused as a whole is tried again.
+const CLOSE_RETRY_EVERY: Duration = Duration::from_millis(500);
+const CLOSE_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Stores a close none of which the store took (it was down, or its file locked by another
+/// process past the busy timeout) once the store answers again: else the reply is lost, and in
+/// server mode the conversation with it. Tried every half second for 30 s, each time only after
+/// renewing the session's lease, so that nothing is written into a session another request
+/// has taken meanwhile; the session stays busy until then, as it is while a request runs.
+fn close_later(state: Arc<AppState>, mut close: TurnClose) {
+    // Nobody waits for it, but the lease it releases should not wait for company either.
+    close.awaited = true;
+    tokio::spawn(
+        async move {
+            let started = Instant::now();
+            while started.elapsed() < CLOSE_RETRY_FOR {
+                tokio::time::sleep(CLOSE_RETRY_EVERY).await;
+                let lease = close.lease.clone();
+                if let Some(lease) = &lease {
+                    match state.store.renew_session_lease(lease, LEASE_TTL).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            metrics::store_error();
+                            tracing::error!(
+                                "the reply is not stored: the session's lease was lost before the store answered again"
+                            );
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "the store still does not answer");
+                            continue;
+                        }
+                    }
+                }
+                let mut closed = state.store.close_turn(close).await;
+                match closed.unstored.take() {
+                    Some(again) => close = again,
+                    None => {
+                        let lease_kept = closed.lease_kept();
+                        if closed.failures.is_empty() {
+                            tracing::info!("the turn was stored once the store answered again");
+                        }
+                        log_failures(closed);
+                        if let Some(lease) = lease.filter(|_| lease_kept) {
+                            release_later(state, lease);
+                        }
+                        return;
+                    }
+                }
+            }
+            metrics::store_error();
+            tracing::error!("the reply is not stored: the store did not answer for 30 s");
+            if let Some(lease) = close.lease {
+                release_later(state, lease);
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 /// Releases a session lease the close could not (the store was down or locked), retrying for

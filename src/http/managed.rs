@@ -41,7 +41,7 @@ pub const TOKENS_OUT_HEADER: &str = "x-ctxproxy-tokens-out";
 pub const HISTORY_HEADER: &str = "x-ctxproxy-history";
 /// How long a session lease lasts without renewal (renewed every third of it while held), so a
 /// crashed process blocks its sessions for at most this long.
-const LEASE_TTL: Duration = Duration::from_secs(30);
+pub(super) const LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// Which managed API a request is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

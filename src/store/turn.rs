@@ -68,6 +68,10 @@ pub struct TurnClose {
 #[derive(Debug, Default)]
 pub struct TurnClosed {
     pub failures: Vec<(&'static str, Error)>,
+    /// The close itself, handed back when none of it was stored (the store was down, or its
+    /// file locked by another process past the busy timeout), so the caller can try it again
+    /// as it is instead of losing the reply.
+    pub unstored: Option<TurnClose>,
 }
 
 /// The failure of a close whose job did not run at all (nothing of it was written).
@@ -121,51 +125,55 @@ async fn append_under<S: Store + ?Sized>(
     }
 }
 
+/// A close's parts as they are tried, each a write of its own (or a savepoint of its own).
+#[derive(Debug, Default)]
+pub(crate) struct CloseParts {
+    tried: usize,
+    failures: Vec<(&'static str, Error)>,
+}
+
+impl CloseParts {
+    /// Notes one part's outcome (a failure under `what`).
+    pub(crate) fn tried<T>(&mut self, what: &'static str, outcome: Result<T>) -> Option<T> {
+        self.tried += 1;
+        outcome.map_err(|e| self.failures.push((what, e))).ok()
+    }
+
+    /// The close's outcome: when every part failed, nothing was written, and the close is
+    /// handed back (`close` is called only then).
+    pub(crate) fn closed(self, close: impl FnOnce() -> TurnClose) -> TurnClosed {
+        let unstored = (self.failures.len() == self.tried).then(close);
+        TurnClosed {
+            failures: self.failures,
+            unstored,
+        }
+    }
+}
+
 /// [`Store::close_turn`] from the single calls.
 pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClose) -> TurnClosed {
-    let TurnClose {
-        reply,
-        response_id,
-        upstream_root,
-        mut record,
-        lease,
-        awaited: _,
-    } = close;
-    let mut failures = Vec::new();
-    if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {
-        match store
-            .append_messages(
-                &record.tenant,
-                &record.session,
-                reply.parent,
-                &reply.messages,
-            )
-            .await
-        {
-            Ok(_) => record.head = reply.messages.last().map(|m| m.id),
-            Err(e) => failures.push(("store the reply", e)),
+    let mut record = close.record.clone();
+    let mut parts = CloseParts::default();
+    if let Some(reply) = close.reply.as_ref().filter(|r| !r.messages.is_empty()) {
+        let (tenant, session) = (&record.tenant, &record.session);
+        let stored = store
+            .append_messages(tenant, session, reply.parent, &reply.messages)
+            .await;
+        if parts.tried("store the reply", stored).is_some() {
+            record.head = reply.messages.last().map(|m| m.id);
         }
-        if let (Some(id), Some(head)) = (&response_id, record.head)
-            && let Err(e) = store
-                .record_response(
-                    &record.tenant,
-                    id,
-                    &record.session,
-                    head,
-                    upstream_root.as_deref(),
-                )
-                .await
-        {
-            failures.push(("record the response id", e));
+        if let (Some(id), Some(head)) = (&close.response_id, record.head) {
+            let root = close.upstream_root.as_deref();
+            let recorded = store
+                .record_response(&record.tenant, id, &record.session, head, root)
+                .await;
+            parts.tried("record the response id", recorded);
         }
     }
-    if let Err(e) = store.insert_request(&record).await {
-        failures.push(("store the request record", e));
+    let inserted = store.insert_request(&record).await;
+    parts.tried("store the request record", inserted);
+    if let Some(lease) = &close.lease {
+        parts.tried(RELEASE_FAILED, store.unlock_session(lease).await);
     }
-    if let Some(lease) = lease
-        && let Err(e) = store.unlock_session(&lease).await
-    {
-        failures.push((RELEASE_FAILED, e));
-    }
-    TurnClosed { failures }
+    parts.closed(|| close)
 }

@@ -208,6 +208,10 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
         .await;
     assert_eq!(closed.failures.len(), 1, "{:?}", closed.failures);
     assert!(matches!(closed.failures[0].1, ctxproxy::Error::NotFound(_)));
+    assert!(
+        closed.unstored.is_none(),
+        "partly stored: not to be tried again"
+    );
     assert_eq!(s.head_branch("t", "partial").await.unwrap().len(), 1);
     let records = s.list_requests("t", "partial").await.unwrap();
     assert_eq!(records.len(), 1);
@@ -216,4 +220,27 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
         "the record ends where the request did"
     );
     assert!(lease_is_free(s, "partial").await);
+}
+
+/// A close none of whose parts could be written (here: its session does not exist) comes back
+/// whole, for the caller to try again rather than lose the reply.
+pub async fn a_close_nothing_of_which_was_stored_is_handed_back(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let reply = chain(None, &[msg("assistant", "a")], Origin::Reply);
+    let closed = s
+        .close_turn(TurnClose {
+            reply: Some(reply.clone()),
+            response_id: None,
+            upstream_root: None,
+            record: record("never-created", None),
+            lease: None,
+            awaited: true,
+        })
+        .await;
+    assert_eq!(closed.failures.len(), 2, "{:?}", closed.failures);
+    let back = closed.unstored.expect("the close is handed back");
+    assert_eq!(back.record.session, "never-created");
+    let ids = |a: &Append| a.messages.iter().map(|m| m.id).collect::<Vec<_>>();
+    assert_eq!(ids(back.reply.as_ref().unwrap()), ids(&reply));
+    assert!(s.get_session("t", "never-created").await.unwrap().is_none());
 }

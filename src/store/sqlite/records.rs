@@ -27,31 +27,7 @@ fn json_value(s: Option<String>) -> Result<Option<Value>> {
 }
 
 pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<RequestRecord> {
-    let id = uuid::Uuid::now_v7().to_string();
-    let time = Timestamp::now();
-    conn.prepare_cached(
-        "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
-         status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
-         choices, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )?
-    .execute(params![
-        id,
-        r.tenant,
-        r.session,
-        r.head.map(|h| h.0),
-        time.millis(),
-        r.endpoint,
-        r.model,
-        i64::from(r.status),
-        r.tokens_in,
-        r.tokens_out,
-        r.latency_ms,
-        r.upstream_latency_ms,
-        r.request_id,
-        json_text(&r.report)?,
-        json_text(&r.choices)?,
-        json_text(&r.usage)?,
-    ])?;
+    let (id, time) = insert_request_row(conn, r, r.head)?;
     Ok(RequestRecord {
         id,
         tenant: r.tenant.clone(),
@@ -70,6 +46,41 @@ pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<
         choices: r.choices.clone(),
         usage: r.usage.clone(),
     })
+}
+
+/// Inserts a request record with `head` for its head (a turn's close knows it only once the
+/// reply is stored), returning the record's id and time.
+pub(super) fn insert_request_row(
+    conn: &Connection,
+    r: &NewRequestRecord,
+    head: Option<MessageId>,
+) -> Result<(String, Timestamp)> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let time = Timestamp::now();
+    conn.prepare_cached(
+        "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
+         status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
+         choices, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )?
+    .execute(params![
+        id,
+        r.tenant,
+        r.session,
+        head.map(|h| h.0),
+        time.millis(),
+        r.endpoint,
+        r.model,
+        i64::from(r.status),
+        r.tokens_in,
+        r.tokens_out,
+        r.latency_ms,
+        r.upstream_latency_ms,
+        r.request_id,
+        json_text(&r.report)?,
+        json_text(&r.choices)?,
+        json_text(&r.usage)?,
+    ])?;
+    Ok((id, time))
 }
 
 /// Records (or re-points) a Responses API id.

@@ -4,11 +4,13 @@
 //! Closing runs its parts in savepoints of their own inside the job, so one failing part is
 //! undone alone, as it would be if each were its own call.
 
+use std::sync::Arc;
+
 use rusqlite::Connection;
 
-use super::super::Appended;
 use super::super::turn::{
-    CLOSE_FAILED, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen, TurnOpened, open_by_parts,
+    CLOSE_FAILED, CloseParts, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen, TurnOpened,
+    open_by_parts,
 };
 use super::threads::exec;
 use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
@@ -65,15 +67,24 @@ impl SqliteStore {
             || released
                 .as_ref()
                 .is_some_and(|(tenant, session)| self.wakeups.awaited(tenant, session));
-        let job = move |conn: &Connection| Ok(close_in(conn, close));
+        // The job shares the close rather than taking it, so a close that was not written at
+        // all can be handed back for another try.
+        let close = Arc::new(close);
+        let shared = close.clone();
+        let job = move |conn: &Connection| Ok(close_in(conn, &shared));
         let closed = if awaited {
             self.threads.write(job).await
         } else {
             self.threads.write_deferred(job).await
         };
-        let closed = closed.unwrap_or_else(|e| TurnClosed {
-            failures: vec![(CLOSE_FAILED, e)],
-        });
+        let handed_back = || Arc::try_unwrap(close).unwrap_or_else(|close| (*close).clone());
+        let closed = match closed {
+            Ok(parts) => parts.closed(handed_back),
+            Err(e) => TurnClosed {
+                failures: vec![(CLOSE_FAILED, e)],
+                unstored: Some(handed_back()),
+            },
+        };
         if let Some((tenant, session)) = released {
             self.wakeups.wake(&tenant, &session);
         }
@@ -82,48 +93,41 @@ impl SqliteStore {
 }
 
 /// The parts of a close, in order, inside the writer's transaction.
-fn close_in(conn: &Connection, close: TurnClose) -> TurnClosed {
+fn close_in(conn: &Connection, close: &TurnClose) -> CloseParts {
     let TurnClose {
         reply,
         response_id,
         upstream_root,
-        mut record,
+        record,
         lease,
         awaited: _,
     } = close;
-    let mut failures = Vec::new();
-    if let Some(reply) = reply.filter(|r| !r.messages.is_empty()) {
-        let stored = part(conn, || -> Result<Vec<Appended>> {
-            tree::append(
-                conn,
-                &record.tenant,
-                &record.session,
-                reply.parent,
-                &reply.messages,
-            )
+    // The record's head is the reply's last message once the reply is stored.
+    let mut head = record.head;
+    let mut parts = CloseParts::default();
+    if let Some(reply) = reply.as_ref().filter(|r| !r.messages.is_empty()) {
+        let (tenant, session) = (&record.tenant, &record.session);
+        let stored = part(conn, || {
+            tree::append(conn, tenant, session, reply.parent, &reply.messages)
         });
-        match stored {
-            Ok(_) => record.head = reply.messages.last().map(|m| m.id),
-            Err(e) => failures.push(("store the reply", e)),
+        if parts.tried("store the reply", stored).is_some() {
+            head = reply.messages.last().map(|m| m.id);
         }
-        if let (Some(id), Some(head)) = (&response_id, record.head)
-            && let Err(e) = part(conn, || {
-                let root = upstream_root.as_deref();
-                records::record_response(conn, &record.tenant, id, &record.session, head, root)
-            })
-        {
-            failures.push(("record the response id", e));
+        if let (Some(id), Some(head)) = (response_id, head) {
+            let root = upstream_root.as_deref();
+            let recorded = part(conn, || {
+                records::record_response(conn, tenant, id, session, head, root)
+            });
+            parts.tried("record the response id", recorded);
         }
     }
-    if let Err(e) = part(conn, || records::insert_request(conn, &record)) {
-        failures.push(("store the request record", e));
+    let inserted = part(conn, || records::insert_request_row(conn, record, head));
+    parts.tried("store the request record", inserted);
+    if let Some(lease) = lease {
+        let released = part(conn, || release_lease(conn, LeaseKind::Session, lease));
+        parts.tried(RELEASE_FAILED, released);
     }
-    if let Some(lease) = &lease
-        && let Err(e) = part(conn, || release_lease(conn, LeaseKind::Session, lease))
-    {
-        failures.push((RELEASE_FAILED, e));
-    }
-    TurnClosed { failures }
+    parts
 }
 
 /// Runs one part of a job in a savepoint of its own: a failure undoes that part only.
