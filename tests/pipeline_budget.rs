@@ -428,3 +428,58 @@ fn remembered_compression_equals_fresh_compression() {
     assert_eq!(first, second);
     assert_eq!(first, rewrite(&msgs, &p));
 }
+
+/// SPEC 5 step 6: a segment is a call together with all its results, also one that comes late
+/// (after another message): at every budget the late result is kept or dropped with its call
+/// (reported `token_budget`), never left an orphan for repair to drop.
+#[test]
+fn a_late_history_result_is_kept_or_dropped_with_its_call() {
+    let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1 ".repeat(10)},
+        {"role": "assistant", "content": null, "tool_calls": [call("c1", "f"), call("c2", "g")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r1 ".repeat(10)},
+        {"role": "user", "content": "interject"},
+        {"role": "tool", "tool_call_id": "c2", "content": "late r2"},
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "cur"}
+    ]}));
+    let full = rewrite(&msgs, &policy(json!({}))).report.tokens_out;
+    let mut dropped_the_call = false;
+    for budget in 10..=full + 1 {
+        for unanswered in ["drop", "placeholder"] {
+            let p = policy(json!({
+                "token_budget": {"max_tokens": budget},
+                "repair": {"unanswered_calls": unanswered}
+            }));
+            let out = rewrite(&msgs, &p);
+            let removed: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+            let context = format!("budget {budget}, {unanswered}: {:?}", out.report);
+            assert!(
+                out.report
+                    .removed
+                    .iter()
+                    .all(|r| r.reason == RemoveReason::TokenBudget),
+                "{context}"
+            );
+            assert_eq!(
+                removed.contains(&1),
+                removed.contains(&4),
+                "the late result goes with its call: {context}"
+            );
+            assert!(
+                out.report
+                    .repaired
+                    .iter()
+                    .all(|r| r.kind != ctxproxy::context::RepairKind::OrphanResult),
+                "{context}"
+            );
+            check_valid(&out.messages).unwrap();
+            if removed.len() < msgs.len() - 1 && out.report.tokens_out > budget {
+                panic!("over the budget with history kept: {context}");
+            }
+            dropped_the_call |= removed.contains(&1) && !removed.contains(&3);
+        }
+    }
+    assert!(dropped_the_call, "some budget keeps the newer history only");
+}

@@ -462,3 +462,70 @@ fn compression_keeps_a_json_string_a_json_string() {
     assert!(v.as_str().unwrap().contains("tokens omitted"), "{text}");
     assert!(Encoding::O200kBase.count(&text) <= 40);
 }
+
+/// An assistant message whose content parts hold no text says nothing, as `""` says nothing:
+/// left without calls it is dropped (with its step's reason), and repair drops one that never had
+/// calls. A placeholder line is joined by `\n` only after text.
+#[test]
+fn empty_text_parts_are_no_text() {
+    let call = |id: &str, name: &str| json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}});
+    let empty = json!([{"type": "text", "text": ""}]);
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": empty, "tool_calls": [call("c1", "debug_tool")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        {"role": "assistant", "content": empty},
+        {"role": "assistant", "content": "x"},
+        {"role": "user", "content": "q2"}
+    ]}));
+    let out = rewrite(
+        &msgs,
+        &policy(json!({"tool_filter": {"exclude": ["debug_tool"]}})),
+    );
+    check_valid(&out.messages).unwrap();
+    assert_eq!(
+        wire(&out.messages),
+        [
+            json!({"role": "user", "content": "q1"}),
+            json!({"role": "assistant", "content": "x"}),
+            json!({"role": "user", "content": "q2"}),
+        ]
+    );
+    let removed: Vec<_> = out.report.removed.iter().map(|r| (r.index, r.reason)).collect();
+    assert_eq!(
+        removed,
+        [(1, RemoveReason::ToolFilter), (2, RemoveReason::ToolFilter)]
+    );
+    assert_eq!(repaired(&out.report), [(3, RepairKind::EmptyAssistant)]);
+
+    let out = rewrite(
+        &msgs,
+        &policy(json!({"tool_filter": {"exclude": ["debug_tool"], "placeholder": true}})),
+    );
+    assert_eq!(
+        wire(&out.messages)[1],
+        json!({"role": "assistant", "content": [
+            {"type": "text", "text": ""},
+            {"type": "text", "text": "[tool call omitted: debug_tool]"}
+        ]})
+    );
+    // After text, the line is joined by `\n`; a refusal part is not text.
+    let with = |content: Value| {
+        let msgs = messages(&json!({"messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": content, "tool_calls": [call("c1", "debug_tool")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+            {"role": "user", "content": "q2"}
+        ]}));
+        let p = policy(json!({"tool_filter": {"exclude": ["debug_tool"], "placeholder": true}}));
+        wire(&rewrite(&msgs, &p).messages)[1]["content"].clone()
+    };
+    assert_eq!(
+        with(json!([{"type": "text", "text": "Let me look."}]))[1]["text"],
+        "\n[tool call omitted: debug_tool]"
+    );
+    assert_eq!(
+        with(json!([{"type": "refusal", "refusal": "No."}]))[1]["text"],
+        "[tool call omitted: debug_tool]"
+    );
+}

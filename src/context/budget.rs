@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use super::policy::{TokenBudget, UnansweredCalls};
 use super::report::RemoveReason;
-use super::segments::segments;
+use super::segments::{link_near, link_results, segments};
 use super::work::{Item, Work};
 use crate::conversation::{Message, Role};
 use crate::tokens::{Encoding, REQUEST_OVERHEAD, message_tokens};
@@ -50,28 +50,28 @@ pub(crate) fn apply(
     }
     let encoding = work.encoding;
     let items = &work.items;
-    let cost = |seg: std::ops::Range<usize>| -> u64 {
-        let mut n: u64 = seg.clone().map(|p| items[p].tokens).sum();
+    let current_start = items.iter().position(|i| !i.history).unwrap_or(items.len());
+    let groups = groups(items, current_start);
+    let cost = |group: &[usize]| -> u64 {
+        let mut n: u64 = group.iter().map(|&p| items[p].tokens).sum();
         if unanswered == UnansweredCalls::Placeholder {
-            n += placeholder_cost(encoding, &items[seg]);
+            n += placeholder_cost(encoding, items, group);
         }
         n
     };
-    let all = segments(|p| &*items[p].msg, 0..items.len());
-    let current_start = items.iter().position(|i| !i.history).unwrap_or(items.len());
     let mut used = REQUEST_OVERHEAD + tools_tokens;
     let mut candidates = Vec::new();
-    for seg in all {
-        if fixed(&items[seg.start], seg.start, current_start) {
-            used += cost(seg);
+    for group in groups {
+        if fixed(&items[group[0]], group[0], current_start) {
+            used += cost(&group);
         } else {
-            candidates.push(seg);
+            candidates.push(group);
         }
     }
     // Newest first, while it fits; the first that does not ends the kept history.
     let mut kept = candidates.len();
-    for (k, seg) in candidates.iter().enumerate().rev() {
-        let c = cost(seg.clone());
+    for (k, group) in candidates.iter().enumerate().rev() {
+        let c = cost(group);
         if used + c > limit {
             break;
         }
@@ -79,17 +79,56 @@ pub(crate) fn apply(
         kept = k;
     }
     // The kept history begins at a user message.
-    while kept < candidates.len() && items[candidates[kept].start].msg.role != Role::User {
+    while kept < candidates.len() && items[candidates[kept][0]].msg.role != Role::User {
         kept += 1;
     }
     if kept == 0 {
         return;
     }
     let mut drop = vec![false; items.len()];
-    for seg in &candidates[..kept] {
-        drop[seg.clone()].fill(true);
+    for &p in candidates[..kept].iter().flatten() {
+        drop[p] = true;
     }
     work.remove_marked(RemoveReason::TokenBudget, &drop);
+}
+
+/// The segments of SPEC 5 step 6 (positions; oldest first by their first message): an
+/// assistant message with tool calls together with all its results, or any other single message.
+/// A history result that comes late (after another message) is in its call's segment, not in the
+/// one where it sits: kept or dropped with its call, never left an orphan for repair to drop. A
+/// late result in the current turn stays where it is (steps 2–6 leave the current turn alone).
+fn groups(items: &[Item<'_>], current_start: usize) -> Vec<Vec<usize>> {
+    let msg = |p: usize| &*items[p].msg;
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    // The group an assistant message with calls leads, by its position.
+    let mut led_by = vec![usize::MAX; items.len()];
+    let mut last_caller = None;
+    // The full map of results to calls, made only if a result is not where `link_near` looks.
+    let mut links = None;
+    for seg in segments(msg, 0..items.len()) {
+        let mut group = Vec::with_capacity(seg.len());
+        for p in seg {
+            let owner = match link_near(msg, p, last_caller) {
+                Some(link) => link,
+                None => links.get_or_insert_with(|| link_results(items.iter().map(|i| &*i.msg)))[p],
+            };
+            match owner {
+                // A late history result: to its call's segment, an earlier one.
+                Some((caller, _)) if p < current_start && led_by[caller] < groups.len() => {
+                    groups[led_by[caller]].push(p)
+                }
+                _ => group.push(p),
+            }
+            if msg(p).has_tool_calls() {
+                last_caller = Some(p);
+                led_by[p] = groups.len();
+            }
+        }
+        if !group.is_empty() {
+            groups.push(group);
+        }
+    }
+    groups
 }
 
 /// Whether the budget keeps every message, known without cutting the history into segments
@@ -122,14 +161,14 @@ fn keeps_all(items: &[Item<'_>], limit: u64, tools_tokens: u64) -> bool {
     true
 }
 
-/// Tokens of the results repair would make up for calls in `seg` that have no result in it.
-fn placeholder_cost(encoding: Encoding, seg: &[Item<'_>]) -> u64 {
-    let Some(first) = seg.first() else { return 0 };
-    let answered: HashSet<&str> = seg[1..]
+/// Tokens of the results repair would make up for the calls of a segment that has no result
+/// for them.
+fn placeholder_cost(encoding: Encoding, items: &[Item<'_>], group: &[usize]) -> u64 {
+    let answered: HashSet<&str> = group[1..]
         .iter()
-        .filter_map(|i| i.msg.tool_call_id.as_deref())
+        .filter_map(|&p| items[p].msg.tool_call_id.as_deref())
         .collect();
-    first
+    items[group[0]]
         .msg
         .tool_calls()
         .iter()

@@ -162,7 +162,16 @@ pub(crate) fn append_text(msg: &mut Message, text: &str) {
             s.push_str(text);
         }
         Some(Value::Array(parts)) if !parts.is_empty() => {
-            parts.push(json!({"type": "text", "text": format!("\n{text}")}));
+            let after_text = parts.iter().any(|p| {
+                p.get("type").and_then(Value::as_str) != Some("refusal")
+                    && part_text(p).is_some_and(|t| !t.is_empty())
+            });
+            let line = if after_text {
+                format!("\n{text}")
+            } else {
+                text.to_string()
+            };
+            parts.push(json!({"type": "text", "text": line}));
         }
         _ => msg.content = Some(Value::String(text.to_string())),
     }
@@ -171,8 +180,31 @@ pub(crate) fn append_text(msg: &mut Message, text: &str) {
 /// Whether an assistant message says anything without tool calls: text, a refusal, audio or a
 /// legacy `function_call`. Such a message is valid on its own.
 pub(crate) fn has_payload(msg: &Message) -> bool {
-    msg.has_content()
+    says_something(msg.content.as_ref())
         || ["refusal", "audio", "function_call"]
             .iter()
             .any(|k| msg.extra.get(*k).is_some_and(|v| !v.is_null()))
+}
+
+/// Whether content says anything: a non-empty string, or a part other than an empty text (or
+/// refusal) part. `[{"type": "text", "text": ""}]` has no text, as `""` has none.
+fn says_something(content: Option<&Value>) -> bool {
+    match content {
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .any(|p| part_text(p).is_none_or(|t| !t.is_empty())),
+        Some(Value::Null) | None => false,
+        Some(_) => true,
+    }
+}
+
+/// The text of a text or refusal content part; `None` for other parts (images, audio, …).
+fn part_text(part: &Value) -> Option<&str> {
+    let key = match part.get("type").and_then(Value::as_str)? {
+        "text" | "output_text" | "input_text" => "text",
+        "refusal" => "refusal",
+        _ => return None,
+    };
+    part.get(key).and_then(Value::as_str)
 }
