@@ -117,6 +117,34 @@ fn yaml_1_1_booleans_are_refused() {
     }
 }
 
+/// Every YAML 1.1 boolean of a file is a problem of its own, not only the first one found.
+#[test]
+fn every_yaml_1_1_boolean_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "a",
+                "keys: any\ntools:\n  role_from_header: yes\n  scrub_history: off\nsession:\n  auto: on\n",
+            ),
+            ("b", "keys: []\nsession:\n  history: both\n  auto: yes\n"),
+        ],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "tenants/a.yaml: tools.role_from_header: expected a boolean",
+        "tenants/a.yaml: tools.scrub_history: expected a boolean",
+        "tenants/a.yaml: session.auto: expected a boolean",
+        "tenants/b.yaml: session.auto: expected a boolean",
+    ] {
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
+    assert!(out.contains("tenants/b.yaml: session.history"), "{out}");
+    assert!(out.contains("5 problems found"), "{out}");
+}
+
 #[test]
 fn wrong_type_names_the_key_path() {
     let dir = tempfile::tempdir().unwrap();

@@ -491,7 +491,12 @@ fn empty_text_parts_are_no_text() {
             json!({"role": "user", "content": "q2"}),
         ]
     );
-    let removed: Vec<_> = out.report.removed.iter().map(|r| (r.index, r.reason)).collect();
+    let removed: Vec<_> = out
+        .report
+        .removed
+        .iter()
+        .map(|r| (r.index, r.reason))
+        .collect();
     assert_eq!(
         removed,
         [(1, RemoveReason::ToolFilter), (2, RemoveReason::ToolFilter)]

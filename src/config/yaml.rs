@@ -53,7 +53,9 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
         Ok(value) => return (Some(value), Vec::new()),
         Err(f) => f,
     };
-    let mut tree = match serde_saphyr::from_str::<Node>(text) {
+    // Read with the same booleans as `attempt`: else `off` becomes `false` in the tree, and a
+    // second YAML 1.1 boolean in the file would pass once the first is cut.
+    let mut tree = match serde_saphyr::from_str_with_options::<Node>(text, yaml_options()) {
         Ok(tree) => tree,
         Err(e) => {
             let mut problems = vec![failure.render(&failure.path)];
@@ -154,11 +156,15 @@ fn display(path: &[Seg]) -> String {
     out
 }
 
+/// YAML 1.2 booleans only: YAML 1.1's `yes`/`on`/`no`/`off` read as booleans would, for example,
+/// turn `tools.role_from_header: yes` into trusting a client header unannounced.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! { strict_booleans: true }
+}
+
 fn attempt<T: DeserializeOwned>(text: &str) -> Result<T, Failure> {
     let mut failure: Option<Failure> = None;
-    // YAML 1.2 booleans only: YAML 1.1's `yes`/`on`/`no`/`off` read as booleans would, for
-    // example, turn `tools.role_from_header: yes` into trusting a client header unannounced.
-    let options = serde_saphyr::options! { strict_booleans: true };
+    let options = yaml_options();
     let result = serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
         serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
             let path: Vec<Seg> = e
