@@ -1720,3 +1720,83 @@ async fn a_close_the_store_refused_is_stored_when_the_store_answers() {
     let roles: Vec<_> = messages.iter().map(|m| m["role"].clone()).collect();
     assert_eq!(roles, [json!("user"), json!("assistant")], "{messages:?}");
 }
+
+/// While a refused close is tried again, the reply counts as being written: a stream's `[DONE]`
+/// waits until it is stored, and the next request on the session (server mode: it is sent the
+/// stored history) waits for it instead of taking the session first, also if the lease runs
+/// out meanwhile.
+#[tokio::test]
+async fn while_a_refused_close_is_tried_again_the_session_waits_for_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locked.db");
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 30\nsession:\n  history: server\n";
+    let opts = ProxyOptions {
+        database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let url = format!("{}/chat/completions", proxy.base_url());
+    let first = client()
+        .post(&url)
+        .header("x-session-id", "retried")
+        .header("x-mock-delay-ms", "700")
+        .json(
+            &json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send();
+    let released = Arc::new(AtomicBool::new(false));
+    let first = tokio::spawn({
+        let released = released.clone();
+        async move {
+            let body = first.await.unwrap().text().await.unwrap();
+            // The stream ended only once its reply could be stored.
+            (body, released.load(Ordering::SeqCst))
+        }
+    });
+    for _ in 0..400 {
+        if !mock.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let locker = rusqlite::Connection::open(&db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    for _ in 0..300 {
+        if proxy.store_errors_total().await > 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(proxy.store_errors_total().await > 0.0, "the close failed");
+    let second = tokio::spawn(
+        client()
+            .post(&url)
+            .header("x-session-id", "retried")
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "again"}]}))
+            .send(),
+    );
+    // The second request waits for the first one's reply, not only for its lease.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        mock.requests().len(),
+        1,
+        "the second request was not forwarded yet"
+    );
+    released.store(true, Ordering::SeqCst);
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let (body, after_release) = first.await.unwrap();
+    assert!(body.contains("data: [DONE]"), "{body}");
+    assert!(after_release, "[DONE] came before the reply was stored");
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.status(), 200);
+    let answer: Value = second.json().await.unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"], "ok: 3 messages",
+        "sent the first turn with its reply"
+    );
+    let records = proxy.request_records("default", "retried").await;
+    assert_eq!(records.len(), 2, "{records:?}");
+}

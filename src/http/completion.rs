@@ -167,7 +167,7 @@ impl Completion {
             let lease_kept = closed.lease_kept();
             log_failures(closed);
             match unstored {
-                Some(close) => close_later(self.state.clone(), close),
+                Some(close) => close_again(&self.state, close).await,
                 None if lease_kept => {
                     if let Some(lease) = kept_lease {
                         release_later(self.state.clone(), lease);
@@ -197,57 +197,75 @@ const CLOSE_RETRY_FOR: Duration = Duration::from_secs(30);
 /// Stores a close none of which the store took (it was down, or its file locked by another
 /// process past the busy timeout) once the store answers again: else the reply is lost, and in
 /// server mode the conversation with it. Tried every half second for 30 s, each time only after
-/// renewing the session's lease, so that nothing is written into a session another request
-/// has taken meanwhile; the session stays busy until then, as it is while a request runs.
-fn close_later(state: Arc<AppState>, mut close: TurnClose) {
-    // Nobody waits for it, but the lease it releases should not wait for company either.
+/// renewing the session's lease, so that nothing is written into a session another request has
+/// taken meanwhile.
+///
+/// Awaited where the first try was: a stream's last event still waits for its reply to be
+/// stored, and shutdown lets the tries go on within its grace period. Meanwhile the reply is
+/// registered as pending, so what waits for a reply in this process (auto matching,
+/// `previous_response_id`, the admin API, and requests naming the session, whose lease may run
+/// out while the store cannot renew it) waits for this one.
+async fn close_again(state: &Arc<AppState>, mut close: TurnClose) {
+    // Nobody else waits for it, but the lease it releases should not wait for company.
     close.awaited = true;
-    tokio::spawn(
-        async move {
-            let started = Instant::now();
-            while started.elapsed() < CLOSE_RETRY_FOR {
-                tokio::time::sleep(CLOSE_RETRY_EVERY).await;
-                let lease = close.lease.clone();
-                if let Some(lease) = &lease {
-                    match state.store.renew_session_lease(lease, LEASE_TTL).await {
-                        Ok(Some(_)) => {}
-                        Ok(None) => {
-                            metrics::store_error();
-                            tracing::error!(
-                                "the reply is not stored: the session's lease was lost before the store answered again"
-                            );
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "the store still does not answer");
-                            continue;
-                        }
-                    }
-                }
-                let mut closed = state.store.close_turn(close).await;
-                match closed.unstored.take() {
-                    Some(again) => close = again,
-                    None => {
-                        let lease_kept = closed.lease_kept();
-                        if closed.failures.is_empty() {
-                            tracing::info!("the turn was stored once the store answered again");
-                        }
-                        log_failures(closed);
-                        if let Some(lease) = lease.filter(|_| lease_kept) {
-                            release_later(state, lease);
-                        }
-                        return;
-                    }
-                }
-            }
-            metrics::store_error();
-            tracing::error!("the reply is not stored: the store did not answer for 30 s");
-            if let Some(lease) = close.lease {
-                release_later(state, lease);
+    let _pending = state.pending.begin(
+        &close.record.tenant,
+        &close.record.session,
+        close
+            .reply
+            .iter()
+            .flat_map(|r| r.messages.iter().map(|m| m.id))
+            .collect(),
+        close.response_id.clone(),
+    );
+    let started = Instant::now();
+    while started.elapsed() < CLOSE_RETRY_FOR {
+        tokio::select! {
+            () = tokio::time::sleep(CLOSE_RETRY_EVERY) => {}
+            () = state.abort.cancelled() => {
+                metrics::store_error();
+                tracing::error!("the reply is not stored: the proxy shut down before the store answered again");
+                return;
             }
         }
-        .in_current_span(),
-    );
+        let lease = close.lease.clone();
+        if let Some(lease) = &lease {
+            match state.store.renew_session_lease(lease, LEASE_TTL).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    metrics::store_error();
+                    tracing::error!(
+                        "the reply is not stored: the session's lease was lost before the store answered again"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "the store still does not answer");
+                    continue;
+                }
+            }
+        }
+        let mut closed = state.store.close_turn(close).await;
+        match closed.unstored.take() {
+            Some(again) => close = again,
+            None => {
+                let lease_kept = closed.lease_kept();
+                if closed.failures.is_empty() {
+                    tracing::info!("the turn was stored once the store answered again");
+                }
+                log_failures(closed);
+                if let Some(lease) = lease.filter(|_| lease_kept) {
+                    release_later(state.clone(), lease);
+                }
+                return;
+            }
+        }
+    }
+    metrics::store_error();
+    tracing::error!("the reply is not stored: the store did not answer for 30 s");
+    if let Some(lease) = close.lease {
+        release_later(state.clone(), lease);
+    }
 }
 
 /// Releases a session lease the close could not (the store was down or locked), retrying for

@@ -508,12 +508,24 @@ async fn prepare(
         call.set_previous_response_id(previous.and_then(|r| r.upstream_root));
     }
     call.drop_session_metadata();
+    // A reply of this session that the store refused is being stored again (`Completion`):
+    // the lease may run out meanwhile, since the store cannot renew it, and this request must
+    // not take it first. Waited for within the time a lease is waited for.
+    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+    let waiting = Instant::now();
+    let settled = state.pending.settle_session(&tenant.name, &resolved.id);
+    if tokio::time::timeout(wait, settled).await.is_err() {
+        return Err(Error::SessionBusy {
+            session: resolved.id,
+            waited: wait,
+        });
+    }
     let target = session::turn::Target {
         tenant: &tenant.name,
         session: &resolved.id,
         scope: &scope,
         ttl: LEASE_TTL,
-        wait: Duration::from_secs(tenant.file.upstream.timeout_s),
+        wait: wait.saturating_sub(waiting.elapsed()),
     };
     let incoming = session::history::Incoming {
         messages: incoming,

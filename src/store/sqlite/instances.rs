@@ -27,9 +27,18 @@ pub(super) struct Opened {
     pub(super) alone: bool,
 }
 
-/// The lock file of the database at `db`.
+/// The lock file of the database at `db`, beside its real path: a process that reaches the
+/// same file through a symlink (or another spelling of its path) must find the same lock.
 fn lock_path(db: &Path) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
+    let real = std::fs::canonicalize(db)
+        .or_else(|_| {
+            // Not created yet: its folder's real path, and its name.
+            let folder = db.parent().filter(|p| !p.as_os_str().is_empty());
+            let folder = std::fs::canonicalize(folder.unwrap_or(Path::new(".")))?;
+            Ok::<_, std::io::Error>(folder.join(db.file_name().unwrap_or_default()))
+        })
+        .unwrap_or_else(|_| db.to_path_buf());
+    let mut name = real.into_os_string();
     name.push("-ctxproxy-instances");
     PathBuf::from(name)
 }
@@ -135,6 +144,22 @@ mod tests {
                 .unwrap()
                 .is_some()
         );
+    }
+
+    /// A second process that names the database through a symlink finds the first one too.
+    #[tokio::test]
+    async fn leases_stay_while_the_file_is_open_under_another_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = held_store(dir.path()).await;
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("leases.db"), other.join("leases.db")).unwrap();
+        let second = open(&other).await;
+        assert!(matches!(
+            second.lock_session("t", "s", TTL, Duration::ZERO).await,
+            Err(crate::Error::SessionBusy { .. })
+        ));
+        drop(first);
     }
 
     #[tokio::test]
