@@ -68,9 +68,9 @@ pub struct TurnClose {
 #[derive(Debug, Default)]
 pub struct TurnClosed {
     pub failures: Vec<(&'static str, Error)>,
-    /// The close itself, handed back when none of it was stored (the store was down, or its
-    /// file locked by another process past the busy timeout), so the caller can try it again
-    /// as it is instead of losing the reply.
+    /// The close itself, handed back when its request record was not stored (the store was
+    /// down, or its file locked by another process past the busy timeout), so the caller can
+    /// try it again as it is instead of losing the reply and the record.
     pub unstored: Option<TurnClose>,
 }
 
@@ -78,13 +78,16 @@ pub struct TurnClosed {
 pub(crate) const CLOSE_FAILED: &str = "close the turn";
 /// The failure of a close's last part.
 pub(crate) const RELEASE_FAILED: &str = "release the session lease";
+/// The failure of a close's request record.
+pub(crate) const RECORD_FAILED: &str = "store the request record";
 
 impl TurnClosed {
-    /// Whether the session's lease is still held: the close failed as a whole, or its release.
+    /// Whether the session's lease is still held: the close failed as a whole, or its record
+    /// (then it is not released), or its release.
     pub fn lease_kept(&self) -> bool {
         self.failures
             .iter()
-            .any(|(what, _)| matches!(*what, CLOSE_FAILED | RELEASE_FAILED))
+            .any(|(what, _)| matches!(*what, CLOSE_FAILED | RECORD_FAILED | RELEASE_FAILED))
     }
 }
 
@@ -128,21 +131,25 @@ async fn append_under<S: Store + ?Sized>(
 /// A close's parts as they are tried, each a write of its own (or a savepoint of its own).
 #[derive(Debug, Default)]
 pub(crate) struct CloseParts {
-    tried: usize,
     failures: Vec<(&'static str, Error)>,
 }
 
 impl CloseParts {
     /// Notes one part's outcome (a failure under `what`).
     pub(crate) fn tried<T>(&mut self, what: &'static str, outcome: Result<T>) -> Option<T> {
-        self.tried += 1;
         outcome.map_err(|e| self.failures.push((what, e))).ok()
     }
 
-    /// The close's outcome: when every part failed, nothing was written, and the close is
-    /// handed back (`close` is called only then).
+    /// The close's outcome. When its request record was not written, the close is handed back
+    /// whole (`close` is called only then): every other part can be done again without harm
+    /// (an append leaves stored messages alone, the response id is an upsert, a release checks
+    /// its owner), so trying it again stores what is missing and nothing twice.
     pub(crate) fn closed(self, close: impl FnOnce() -> TurnClose) -> TurnClosed {
-        let unstored = (self.failures.len() == self.tried).then(close);
+        let unstored = self
+            .failures
+            .iter()
+            .any(|(what, _)| *what == RECORD_FAILED)
+            .then(close);
         TurnClosed {
             failures: self.failures,
             unstored,
@@ -171,8 +178,9 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
         }
     }
     let inserted = store.insert_request(&record).await;
-    parts.tried("store the request record", inserted);
-    if let Some(lease) = &close.lease {
+    // Without its record the turn is not closed: the lease stays for the close to be tried again.
+    let recorded = parts.tried(RECORD_FAILED, inserted).is_some();
+    if let Some(lease) = close.lease.as_ref().filter(|_| recorded) {
         parts.tried(RELEASE_FAILED, store.unlock_session(lease).await);
     }
     parts.closed(|| close)

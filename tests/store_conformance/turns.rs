@@ -244,3 +244,82 @@ pub async fn a_close_nothing_of_which_was_stored_is_handed_back(fx: &Fixture) {
     assert_eq!(ids(back.reply.as_ref().unwrap()), ids(&reply));
     assert!(s.get_session("t", "never-created").await.unwrap().is_none());
 }
+
+/// Runs `sql` on the fixture's database, as an operator (or a failing disk) would meddle.
+async fn meddle(fx: &Fixture, sqlite: &str, postgres: &str) {
+    if let Some(rest) = fx.url.strip_prefix("sqlite://") {
+        let path = rest.split('?').next().unwrap().to_string();
+        let sql = sqlite.to_string();
+        tokio::task::spawn_blocking(move || {
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(&sql)
+                .unwrap()
+        })
+        .await
+        .unwrap();
+    } else {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(postgres.to_string()))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// A close whose request record could not be written comes back whole, even when its reply
+/// was stored: trying it again stores the record and leaves the reply as it is (no second copy).
+pub async fn a_close_whose_record_failed_is_handed_back_and_done_again_once(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let request = chain(None, &[msg("user", "q")], Origin::Client);
+    let last = request.messages.last().map(|m| m.id);
+    let opened = s
+        .open_turn(open("record-refused", Some(request), LONG))
+        .await
+        .unwrap();
+    meddle(
+        fx,
+        "CREATE TRIGGER no_records BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+        "CREATE FUNCTION refuse() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$ \
+         LANGUAGE plpgsql; CREATE TRIGGER no_records BEFORE INSERT ON requests FOR EACH ROW \
+         EXECUTE FUNCTION refuse();",
+    )
+    .await;
+    let reply = chain(last, &[msg("assistant", "a")], Origin::Reply);
+    let closed = s
+        .close_turn(TurnClose {
+            reply: Some(reply),
+            response_id: None,
+            upstream_root: None,
+            record: record("record-refused", last),
+            lease: Some(opened.lease),
+            awaited: true,
+        })
+        .await;
+    assert_eq!(closed.failures.len(), 1, "{:?}", closed.failures);
+    assert!(closed.lease_kept(), "the turn is not closed");
+    let back = closed.unstored.expect("handed back: its record is missing");
+    assert!(
+        s.list_requests("t", "record-refused")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(!lease_is_free(s, "record-refused").await);
+    meddle(
+        fx,
+        "DROP TRIGGER no_records;",
+        "DROP TRIGGER no_records ON requests; DROP FUNCTION refuse();",
+    )
+    .await;
+    let again = s.close_turn(back).await;
+    assert!(again.failures.is_empty(), "{:?}", again.failures);
+    assert!(again.unstored.is_none());
+    let branch = s.head_branch("t", "record-refused").await.unwrap();
+    assert_eq!(branch.len(), 2, "the reply once: {branch:?}");
+    let records = s.list_requests("t", "record-refused").await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].head, branch.last().map(|m| m.id));
+    assert!(lease_is_free(s, "record-refused").await);
+}

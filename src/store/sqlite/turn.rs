@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rusqlite::Connection;
 
 use super::super::turn::{
-    CLOSE_FAILED, CloseParts, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen, TurnOpened,
-    open_by_parts,
+    CLOSE_FAILED, CloseParts, RECORD_FAILED, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen,
+    TurnOpened, open_by_parts,
 };
 use super::threads::exec;
 use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
@@ -122,8 +122,9 @@ fn close_in(conn: &Connection, close: &TurnClose) -> CloseParts {
         }
     }
     let inserted = part(conn, || records::insert_request_row(conn, record, head));
-    parts.tried("store the request record", inserted);
-    if let Some(lease) = lease {
+    // Without its record the turn is not closed: the lease stays for the close to be tried again.
+    let recorded = parts.tried(RECORD_FAILED, inserted).is_some();
+    if let Some(lease) = lease.as_ref().filter(|_| recorded) {
         let released = part(conn, || release_lease(conn, LeaseKind::Session, lease));
         parts.tried(RELEASE_FAILED, released);
     }
