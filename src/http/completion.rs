@@ -156,7 +156,13 @@ impl Completion {
         let mut closed = self.state.store.close_turn(close).await;
         metrics::store_op("close_turn", t.elapsed());
         let unstored = closed.unstored.take();
-        if !closed.failures.is_empty() && self.session_was_deleted().await {
+        if closed.session_lost() {
+            // An admin DELETE while the request ran (the id maybe begun again since), or its
+            // lease taken over once it ran out: nothing was written into a turn not its own.
+            tracing::info!(
+                "the session was deleted or taken over while its request ran; its reply is not kept"
+            );
+        } else if !closed.failures.is_empty() && self.session_was_deleted().await {
             // An admin DELETE while the request ran: the reply has nowhere to go, and that is
             // what was asked for, not a store failure to alert on.
             tracing::info!("the session was deleted while its request ran; its reply is not kept");
@@ -248,6 +254,12 @@ async fn close_again(state: &Arc<AppState>, mut close: TurnClose) {
         let mut closed = state.store.close_turn(close).await;
         match closed.unstored.take() {
             Some(again) => close = again,
+            None if closed.session_lost() => {
+                tracing::info!(
+                    "the session was deleted or taken over while its reply waited for the store; the reply is not kept"
+                );
+                return;
+            }
             None => {
                 let lease_kept = closed.lease_kept();
                 if closed.failures.is_empty() {

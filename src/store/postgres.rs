@@ -77,7 +77,7 @@ impl PostgresStore {
 
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
-        release_lease(&mut conn, kind, lease).await
+        release_lease(&mut conn, kind, lease).await.map(|_| ())
     }
 
     async fn migrate_once(&self) -> Result<()> {
@@ -169,7 +169,8 @@ async fn take_lease(
 }
 
 /// Releases a lease if its owner still holds it (otherwise a no-op).
-async fn release_lease(conn: &mut PgConnection, kind: LeaseKind, lease: &Lease) -> Result<()> {
+/// Releases `lease`; `false` when it was not held (any more) by its owner.
+async fn release_lease(conn: &mut PgConnection, kind: LeaseKind, lease: &Lease) -> Result<bool> {
     let sql = match kind {
         LeaseKind::Session => {
             "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
@@ -180,13 +181,13 @@ async fn release_lease(conn: &mut PgConnection, kind: LeaseKind, lease: &Lease) 
              WHERE tenant = $1 AND id = $2 AND summary_owner = $3"
         }
     };
-    sqlx::query(sql)
+    let done = sqlx::query(sql)
         .bind(&lease.tenant)
         .bind(&lease.session)
         .bind(&lease.owner)
         .execute(&mut *conn)
         .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }
 
 /// Creates the session with `scope` unless it exists (then it is left as it was).

@@ -117,7 +117,7 @@ impl SqliteStore {
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
         let lease = lease.clone();
         self.threads
-            .write(move |conn| release_lease(conn, kind, &lease))
+            .write(move |conn| release_lease(conn, kind, &lease).map(|_| ()))
             .await
     }
 }
@@ -129,7 +129,8 @@ enum LeaseKind {
 }
 
 /// Releases a lease if its owner still holds it (otherwise a no-op).
-fn release_lease(conn: &Connection, kind: LeaseKind, lease: &Lease) -> Result<()> {
+/// Releases `lease`; `false` when it was not held (any more) by its owner.
+fn release_lease(conn: &Connection, kind: LeaseKind, lease: &Lease) -> Result<bool> {
     let sql = match kind {
         LeaseKind::Session => {
             "UPDATE sessions SET lock_owner = NULL, lock_until = NULL \
@@ -140,9 +141,23 @@ fn release_lease(conn: &Connection, kind: LeaseKind, lease: &Lease) -> Result<()
              WHERE tenant = ? AND id = ? AND summary_owner = ?"
         }
     };
-    conn.prepare_cached(sql)?
-        .execute(params![lease.tenant, lease.session, lease.owner])?;
-    Ok(())
+    let changed =
+        conn.prepare_cached(sql)?
+            .execute(params![lease.tenant, lease.session, lease.owner])?;
+    Ok(changed == 1)
+}
+
+/// Whether the session's lease is still `lease`'s owner's (expired or not: nobody took it). A
+/// session deleted and begun again under the same id while a request ran has another owner.
+fn holds_session_lease(conn: &Connection, lease: &Lease) -> Result<bool> {
+    let held = conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE tenant = ? AND id = ? AND lock_owner = ?")?
+        .query_row(
+            params![lease.tenant, lease.session, lease.owner],
+            |_| Ok(()),
+        )
+        .optional()?;
+    Ok(held.is_some())
 }
 
 /// One attempt at a lease: the conditional UPDATE. `Err(())` inside: someone else holds it.

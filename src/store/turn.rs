@@ -78,10 +78,20 @@ pub struct TurnClosed {
 pub(crate) const CLOSE_FAILED: &str = "close the turn";
 /// The failure of a close's last part.
 pub(crate) const RELEASE_FAILED: &str = "release the session lease";
+/// The failure of a close whose session lease is no longer its owner's: the session was
+/// deleted (and maybe begun again under its id) or taken over while the request ran. Nothing of
+/// the close is written: it would land in someone else's turn.
+pub(crate) const LEASE_LOST: &str = "close the turn: the session is no longer this request's";
 /// The failure of a close's request record.
 pub(crate) const RECORD_FAILED: &str = "store the request record";
 
 impl TurnClosed {
+    /// Whether nothing was written because the session is no longer the request's (see
+    /// [`LEASE_LOST`]).
+    pub fn session_lost(&self) -> bool {
+        self.failures.iter().any(|(what, _)| *what == LEASE_LOST)
+    }
+
     /// Whether the session's lease is still held: the close failed as a whole, or its record
     /// (then it is not released), or its release.
     pub fn lease_kept(&self) -> bool {

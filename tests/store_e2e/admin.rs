@@ -258,9 +258,51 @@ async fn a_session_deleted_while_its_request_runs_is_no_store_error(b: Backend) 
     assert_eq!(proxy.store_errors_total().await, errors_before);
 }
 
+/// A session deleted while its request runs and begun again under the same id at once: the
+/// old request's reply and record stay out of the new session, which holds its own turn only.
+async fn a_deleted_session_begun_again_keeps_nothing_of_the_old_request(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let slow = tokio::spawn(
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "reborn")
+            .header("x-mock-delay-ms", "1500")
+            .bearer_auth("sk-a")
+            .json(&request(&[user("old")]))
+            .send(),
+    );
+    while mock.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deleted = client()
+        .delete(proxy.url("/ctxproxy/v1/sessions/default/reborn"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    let new = chat(
+        &proxy.base_url(),
+        "sk-a",
+        &[("x-session-id", "reborn")],
+        &request(&[user("new")]),
+    )
+    .await;
+    assert_eq!(new.status, 200, "{}", new.body);
+    assert_eq!(slow.await.unwrap().unwrap().status(), 200);
+    proxy.store().await;
+    let records = proxy.request_records("default", "reborn").await;
+    assert_eq!(records.len(), 1, "only the new request's: {records:?}");
+    let messages = proxy.stored_messages("default", "reborn").await;
+    let texts: Vec<_> = messages.iter().map(|m| m["content"].clone()).collect();
+    assert_eq!(texts.len(), 2, "{messages:?}");
+    assert_eq!(texts[0], "new", "{messages:?}");
+}
+
 on_both_backends!(
     session_list_pages_by_next_cursor_and_by_last_session_id,
     session_list_after_an_unknown_or_ambiguous_session_id_is_a_400,
     streamed_chat_record_keeps_the_rebuilt_choice_and_usage,
     a_session_deleted_while_its_request_runs_is_no_store_error,
+    a_deleted_session_begun_again_keeps_nothing_of_the_old_request,
 );

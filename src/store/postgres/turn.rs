@@ -9,7 +9,7 @@ use sqlx::postgres::PgConnection;
 use super::super::lease::new_owner;
 use super::super::time::Timestamp;
 use super::super::turn::{
-    TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
+    LEASE_LOST, TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
 };
 use super::super::types::Lease;
 use super::{LeaseKind, PostgresStore, records, release_lease, text, tree};
@@ -42,7 +42,15 @@ impl PostgresStore {
         // a round trip each). If anything fails, that transaction is rolled back and the parts
         // are done again one by one, each kept or undone on its own.
         let closed = match self.close_at_once(&close).await {
-            Ok(()) => TurnClosed::default(),
+            Ok(true) => TurnClosed::default(),
+            Ok(false) => {
+                let session = close.record.session.clone();
+                let gone = crate::Error::NotFound(format!("session {session} (its lease)"));
+                TurnClosed {
+                    failures: vec![(LEASE_LOST, gone)],
+                    unstored: None,
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "closing the turn in one transaction failed; retrying part by part");
                 close_by_parts(self, close).await
@@ -54,8 +62,17 @@ impl PostgresStore {
         closed
     }
 
-    async fn close_at_once(&self, close: &TurnClose) -> Result<()> {
+    /// `Ok(false)`: the session's lease is no longer the request's (see `LEASE_LOST`), and
+    /// nothing was written.
+    async fn close_at_once(&self, close: &TurnClose) -> Result<bool> {
         let mut tx = self.pool.begin().await?;
+        // Released first, which no one sees before the commit: whether it was still held
+        // decides whether anything is written, without a round trip of its own.
+        if let Some(lease) = &close.lease
+            && !release_lease(&mut tx, LeaseKind::Session, lease).await?
+        {
+            return Ok(false);
+        }
         let mut record = close.record.clone();
         if let Some(reply) = close.reply.as_ref().filter(|r| !r.messages.is_empty()) {
             let (tenant, session) = (&record.tenant, &record.session);
@@ -67,11 +84,8 @@ impl PostgresStore {
             }
         }
         records::insert_request(&mut tx, &record).await?;
-        if let Some(lease) = &close.lease {
-            release_lease(&mut tx, LeaseKind::Session, lease).await?;
-        }
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -9,11 +9,14 @@ use std::sync::Arc;
 use rusqlite::Connection;
 
 use super::super::turn::{
-    CLOSE_FAILED, CloseParts, RECORD_FAILED, RELEASE_FAILED, TurnClose, TurnClosed, TurnOpen,
-    TurnOpened, open_by_parts,
+    CLOSE_FAILED, CloseParts, LEASE_LOST, RECORD_FAILED, RELEASE_FAILED, TurnClose, TurnClosed,
+    TurnOpen, TurnOpened, open_by_parts,
 };
 use super::threads::exec;
-use super::{LeaseKind, SqliteStore, create_session, records, release_lease, take_lease, tree};
+use super::{
+    LeaseKind, SqliteStore, create_session, holds_session_lease, records, release_lease,
+    take_lease, tree,
+};
 use crate::{Error, Result};
 
 /// What the one job of an open did.
@@ -71,7 +74,7 @@ impl SqliteStore {
         // all can be handed back for another try.
         let close = Arc::new(close);
         let shared = close.clone();
-        let job = move |conn: &Connection| Ok(close_in(conn, &shared));
+        let job = move |conn: &Connection| close_in(conn, &shared);
         let closed = if awaited {
             self.threads.write(job).await
         } else {
@@ -93,7 +96,7 @@ impl SqliteStore {
 }
 
 /// The parts of a close, in order, inside the writer's transaction.
-fn close_in(conn: &Connection, close: &TurnClose) -> CloseParts {
+fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
     let TurnClose {
         reply,
         response_id,
@@ -105,6 +108,13 @@ fn close_in(conn: &Connection, close: &TurnClose) -> CloseParts {
     // The record's head is the reply's last message once the reply is stored.
     let mut head = record.head;
     let mut parts = CloseParts::default();
+    if let Some(lease) = lease
+        && !holds_session_lease(conn, lease)?
+    {
+        let gone = Error::NotFound(format!("session {} (its lease)", lease.session));
+        parts.tried::<()>(LEASE_LOST, Err(gone));
+        return Ok(parts);
+    }
     if let Some(reply) = reply.as_ref().filter(|r| !r.messages.is_empty()) {
         let (tenant, session) = (&record.tenant, &record.session);
         let stored = part(conn, || {
@@ -125,10 +135,12 @@ fn close_in(conn: &Connection, close: &TurnClose) -> CloseParts {
     // Without its record the turn is not closed: the lease stays for the close to be tried again.
     let recorded = parts.tried(RECORD_FAILED, inserted).is_some();
     if let Some(lease) = lease.as_ref().filter(|_| recorded) {
-        let released = part(conn, || release_lease(conn, LeaseKind::Session, lease));
+        let released = part(conn, || {
+            release_lease(conn, LeaseKind::Session, lease).map(|_| ())
+        });
         parts.tried(RELEASE_FAILED, released);
     }
-    parts
+    Ok(parts)
 }
 
 /// Runs one part of a job in a savepoint of its own: a failure undoes that part only.
