@@ -286,8 +286,17 @@ impl Store for PostgresStore {
         if self.get_session(tenant, session).await?.is_none() {
             return Err(Error::NotFound(format!("session '{session}' not found")));
         }
-        lease::acquire(&self.wakeups, tenant, session, wait, || {
-            self.try_lease(LeaseKind::Session, tenant, session, ttl)
+        // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
+        lease::acquire(&self.wakeups, tenant, session, wait, || async {
+            match self
+                .try_lease(LeaseKind::Session, tenant, session, ttl)
+                .await?
+            {
+                None if self.get_session(tenant, session).await?.is_none() => {
+                    Err(Error::NotFound(format!("session '{session}' not found")))
+                }
+                taken => Ok(taken),
+            }
         })
         .await
     }

@@ -378,8 +378,17 @@ impl Store for SqliteStore {
         if let Some(lease) = first {
             return Ok(lease);
         }
-        lease::acquire(&self.wakeups, tenant, session, wait, || {
-            self.try_lease(LeaseKind::Session, tenant, session, ttl)
+        // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
+        lease::acquire(&self.wakeups, tenant, session, wait, || async {
+            match self
+                .try_lease(LeaseKind::Session, tenant, session, ttl)
+                .await?
+            {
+                None if self.get_session(tenant, session).await?.is_none() => {
+                    Err(not_found(session))
+                }
+                taken => Ok(taken),
+            }
         })
         .await
     }

@@ -106,12 +106,24 @@ pub(crate) async fn open_by_parts<S: Store + ?Sized>(
     store: &S,
     open: TurnOpen,
 ) -> Result<TurnOpened> {
-    store
-        .get_or_create_session(&open.tenant, &open.session, &open.scope)
-        .await?;
-    let lease = store
-        .lock_session(&open.tenant, &open.session, open.ttl, open.wait)
-        .await?;
+    let deadline = std::time::Instant::now() + open.wait;
+    let mut begun_again = 0;
+    let lease = loop {
+        store
+            .get_or_create_session(&open.tenant, &open.session, &open.scope)
+            .await?;
+        let wait = deadline.saturating_duration_since(std::time::Instant::now());
+        match store
+            .lock_session(&open.tenant, &open.session, open.ttl, wait)
+            .await
+        {
+            Ok(lease) => break lease,
+            // Deleted while this request waited for it: the session begins again under its id,
+            // as it would have had the request come after the delete.
+            Err(Error::NotFound(_)) if begun_again < 3 => begun_again += 1,
+            Err(e) => return Err(e),
+        }
+    };
     let appended = match append_under(store, &lease, open.append).await {
         Ok(appended) => appended,
         Err(e) => {

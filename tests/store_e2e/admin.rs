@@ -299,10 +299,56 @@ async fn a_deleted_session_begun_again_keeps_nothing_of_the_old_request(b: Backe
     assert_eq!(texts[0], "new", "{messages:?}");
 }
 
+/// A request waiting for a session's lease when the session is deleted takes the session as
+/// begun again under its id, instead of waiting out its timeout for a lease nobody holds.
+async fn a_request_waiting_for_a_deleted_session_begins_it_again(b: Backend) {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 20\nsession:\n  history: server\n";
+    let opts = ProxyOptions {
+        tenants: vec![("default".into(), tenant.into())],
+        ..b.options()
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let ask = |text: &'static str, delay: &'static str| {
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "waited")
+            .header("x-mock-delay-ms", delay)
+            .bearer_auth("sk-a")
+            .json(&request(&[user(text)]))
+            .send()
+    };
+    let holder = tokio::spawn(ask("old", "1500"));
+    while mock.requests().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiter = tokio::spawn(ask("new", "0"));
+    // The waiter is waiting for the lease once its turn has no other way to go.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deleted = client()
+        .delete(proxy.url("/ctxproxy/v1/sessions/default/waited"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    assert_eq!(holder.await.unwrap().unwrap().status(), 200);
+    let answer = waiter.await.unwrap().unwrap();
+    assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(
+        body["choices"][0]["message"]["content"], "ok: 1 messages",
+        "the new session holds nothing of the deleted one"
+    );
+    let messages = proxy.stored_messages("default", "waited").await;
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    assert_eq!(messages[0]["content"], "new");
+}
+
 on_both_backends!(
     session_list_pages_by_next_cursor_and_by_last_session_id,
     session_list_after_an_unknown_or_ambiguous_session_id_is_a_400,
     streamed_chat_record_keeps_the_rebuilt_choice_and_usage,
     a_session_deleted_while_its_request_runs_is_no_store_error,
     a_deleted_session_begun_again_keeps_nothing_of_the_old_request,
+    a_request_waiting_for_a_deleted_session_begins_it_again,
 );
