@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use ctxproxy::mock_upstream::MockHandle;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -1662,6 +1663,43 @@ async fn upgrades_that_would_go_around_management_are_refused() {
     assert!(mock.requests().is_empty(), "nothing went upstream");
 }
 
+/// A proxy whose store is the SQLite file `db` (for tests that lock it from outside), with one
+/// tenant.
+async fn proxy_on_sqlite_file(db: &std::path::Path, tenant: &str) -> (Proxy, MockHandle) {
+    let opts = ProxyOptions {
+        database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    };
+    proxy_and_mock(opts).await
+}
+
+/// Once a request reached the upstream (its turn open), locks the SQLite file `db` as another
+/// process would, until the connection returned is rolled back or dropped.
+async fn lock_once_upstream_reached(
+    mock: &MockHandle,
+    db: &std::path::Path,
+) -> rusqlite::Connection {
+    for _ in 0..400 {
+        if !mock.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let locker = rusqlite::Connection::open(db).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    locker
+}
+
+/// Waits (bounded) until the proxy has counted a store error.
+async fn until_a_store_error(proxy: &Proxy) {
+    for _ in 0..300 {
+        if proxy.store_errors_total().await > 0.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A close the store refuses (here: another process holds the SQLite file locked past the
 /// busy timeout) is logged and counted, and tried again: once the store answers, the reply and
 /// the request record are stored and the lease is released, instead of the reply being lost
@@ -1671,11 +1709,7 @@ async fn a_close_the_store_refused_is_stored_when_the_store_answers() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locked.db");
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 3\n";
-    let opts = ProxyOptions {
-        database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
-        ..ProxyOptions::default().only_tenant("default", tenant)
-    };
-    let (proxy, mock) = proxy_and_mock(opts).await;
+    let (proxy, mock) = proxy_on_sqlite_file(&db, tenant).await;
     let ask = |delay: &'static str| {
         client()
             .post(format!("{}/chat/completions", proxy.base_url()))
@@ -1687,25 +1721,9 @@ async fn a_close_the_store_refused_is_stored_when_the_store_answers() {
     let first = tokio::spawn(ask("700"));
     // While the upstream answers (its turn open), another process locks the database for
     // longer than the proxy's busy timeout (10 s): the close after the answer fails.
-    for _ in 0..400 {
-        if !mock.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    let locker = rusqlite::Connection::open(&db).unwrap();
-    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let locker = lock_once_upstream_reached(&mock, &db).await;
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
-    let failed = "ctxproxy_store_errors_total";
-    for _ in 0..300 {
-        let m = proxy.metrics_text().await;
-        if m.lines()
-            .any(|l| l.starts_with(failed) && !l.ends_with(" 0"))
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    until_a_store_error(&proxy).await;
     locker.execute_batch("ROLLBACK").unwrap();
     drop(locker);
     // The session is free again well before the lease would have expired.
@@ -1732,11 +1750,7 @@ async fn while_a_refused_close_is_tried_again_the_session_waits_for_it() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("locked.db");
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n  timeout_s: 30\nsession:\n  history: server\n";
-    let opts = ProxyOptions {
-        database_url: Some(format!("sqlite://{}?mode=rwc", db.display())),
-        ..ProxyOptions::default().only_tenant("default", tenant)
-    };
-    let (proxy, mock) = proxy_and_mock(opts).await;
+    let (proxy, mock) = proxy_on_sqlite_file(&db, tenant).await;
     let url = format!("{}/chat/completions", proxy.base_url());
     let first = client()
         .post(&url)
@@ -1755,20 +1769,8 @@ async fn while_a_refused_close_is_tried_again_the_session_waits_for_it() {
             (body, released.load(Ordering::SeqCst))
         }
     });
-    for _ in 0..400 {
-        if !mock.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    let locker = rusqlite::Connection::open(&db).unwrap();
-    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    for _ in 0..300 {
-        if proxy.store_errors_total().await > 0.0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let locker = lock_once_upstream_reached(&mock, &db).await;
+    until_a_store_error(&proxy).await;
     assert!(proxy.store_errors_total().await > 0.0, "the close failed");
     let second = tokio::spawn(
         client()

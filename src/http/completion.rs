@@ -196,15 +196,15 @@ fn log_failures(closed: TurnClosed) {
     }
 }
 
-/// How often, and for how long, a close the store refused as a whole is tried again.
+/// How often, and for how long, a close whose record the store did not take is tried again.
 const CLOSE_RETRY_EVERY: Duration = Duration::from_millis(500);
 const CLOSE_RETRY_FOR: Duration = Duration::from_secs(30);
 
-/// Stores a close none of which the store took (it was down, or its file locked by another
-/// process past the busy timeout) once the store answers again: else the reply is lost, and in
-/// server mode the conversation with it. Tried every half second for 30 s, each time only after
-/// renewing the session's lease, so that nothing is written into a session another request has
-/// taken meanwhile.
+/// Stores a close whose request record the store did not take (it was down, or its file locked
+/// by another process past the busy timeout) once the store answers again: else the record is
+/// lost, with the reply when none of the close was written (in server mode the conversation with
+/// it). Tried every half second for 30 s, each time only after renewing the session's lease, so
+/// that nothing is written into a session another request has taken meanwhile.
 ///
 /// Awaited where the first try was: a stream's last event still waits for its reply to be
 /// stored, and shutdown lets the tries go on within its grace period. Meanwhile the reply is

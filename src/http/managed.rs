@@ -457,15 +457,18 @@ async fn prepare(
     } = call.take_conversation()?;
     check_not_empty(&incoming, typed.is_some(), mode)?;
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
+    // How long this request waits for others on its session, whatever it waits on.
+    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
     let previous = match call.previous_response_id() {
         Some(id) => {
             // A stream still running may hold it (announced): waited for as long as a session
             // is, no longer; then the id is looked up as it stands.
-            let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
             let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(id))).await;
             match store.find_response(&tenant.name, id).await? {
                 Some(found) => Some(found),
-                None => once_the_named_session_is_free(state, tenant, headers, &call, id).await?,
+                None => {
+                    once_the_named_session_is_free(state, tenant, headers, &call, id, wait).await?
+                }
             }
         }
         None => None,
@@ -511,7 +514,6 @@ async fn prepare(
     // A reply of this session that the store refused is being stored again (`Completion`):
     // the lease may run out meanwhile, since the store cannot renew it, and this request must
     // not take it first. Waited for within the time a lease is waited for.
-    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
     let waiting = Instant::now();
     let settled = state.pending.settle_session(&tenant.name, &resolved.id);
     if tokio::time::timeout(wait, settled).await.is_err() {
@@ -644,6 +646,7 @@ async fn once_the_named_session_is_free(
     headers: &HeaderMap,
     call: &Call,
     id: &str,
+    wait: Duration,
 ) -> Result<Option<crate::store::ResponseRef>> {
     let named = session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
     let Some((session, _)) = named else {
@@ -654,7 +657,6 @@ async fn once_the_named_session_is_free(
     if store.get_session(&tenant.name, session).await?.is_none() {
         return Ok(None);
     }
-    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
     let Ok(lease) = store
         .lock_session(&tenant.name, session, LEASE_TTL, wait)
         .await

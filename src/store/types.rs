@@ -177,6 +177,30 @@ pub struct NewRequestRecord {
     pub usage: Option<Value>,
 }
 
+impl NewRequestRecord {
+    /// The record as stored under `id` at `time` (both given by the store).
+    pub(crate) fn stored(&self, id: String, time: Timestamp) -> RequestRecord {
+        RequestRecord {
+            id,
+            tenant: self.tenant.clone(),
+            session: self.session.clone(),
+            head: self.head,
+            time,
+            endpoint: self.endpoint.clone(),
+            model: self.model.clone(),
+            status: self.status,
+            tokens_in: self.tokens_in,
+            tokens_out: self.tokens_out,
+            latency_ms: self.latency_ms,
+            upstream_latency_ms: self.upstream_latency_ms,
+            request_id: self.request_id.clone(),
+            report: self.report.clone(),
+            choices: self.choices.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+}
+
 /// A stored request record.
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestRecord {

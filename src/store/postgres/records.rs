@@ -55,24 +55,7 @@ pub(super) async fn insert_request(
     .bind(json_text(&r.usage)?)
     .execute(&mut *conn)
     .await?;
-    Ok(RequestRecord {
-        id,
-        tenant: r.tenant.clone(),
-        session: r.session.clone(),
-        head: r.head,
-        time,
-        endpoint: r.endpoint.clone(),
-        model: r.model.clone(),
-        status: r.status,
-        tokens_in: r.tokens_in,
-        tokens_out: r.tokens_out,
-        latency_ms: r.latency_ms,
-        upstream_latency_ms: r.upstream_latency_ms,
-        request_id: r.request_id.clone(),
-        report: r.report.clone(),
-        choices: r.choices.clone(),
-        usage: r.usage.clone(),
-    })
+    Ok(r.stored(id, time))
 }
 
 /// Records (or re-points) a Responses API id.

@@ -28,24 +28,7 @@ fn json_value(s: Option<String>) -> Result<Option<Value>> {
 
 pub(super) fn insert_request(conn: &Connection, r: &NewRequestRecord) -> Result<RequestRecord> {
     let (id, time) = insert_request_row(conn, r, r.head)?;
-    Ok(RequestRecord {
-        id,
-        tenant: r.tenant.clone(),
-        session: r.session.clone(),
-        head: r.head,
-        time,
-        endpoint: r.endpoint.clone(),
-        model: r.model.clone(),
-        status: r.status,
-        tokens_in: r.tokens_in,
-        tokens_out: r.tokens_out,
-        latency_ms: r.latency_ms,
-        upstream_latency_ms: r.upstream_latency_ms,
-        request_id: r.request_id.clone(),
-        report: r.report.clone(),
-        choices: r.choices.clone(),
-        usage: r.usage.clone(),
-    })
+    Ok(r.stored(id, time))
 }
 
 /// Inserts a request record with `head` for its head (a turn's close knows it only once the

@@ -70,8 +70,8 @@ impl SqliteStore {
             || released
                 .as_ref()
                 .is_some_and(|(tenant, session)| self.wakeups.awaited(tenant, session));
-        // The job shares the close rather than taking it, so a close that was not written at
-        // all can be handed back for another try.
+        // The job shares the close rather than taking it, so a close whose record was not
+        // written can be handed back for another try.
         let close = Arc::new(close);
         let shared = close.clone();
         let job = move |conn: &Connection| close_in(conn, &shared);
