@@ -84,6 +84,9 @@ pub(crate) const RELEASE_FAILED: &str = "release the session lease";
 pub(crate) const LEASE_LOST: &str = "close the turn: the session is no longer this request's";
 /// The failure of a close's request record.
 pub(crate) const RECORD_FAILED: &str = "store the request record";
+/// How long [`close_by_parts`] renews the session's lease for before writing its parts: long
+/// enough for a few store calls, after which the close releases it anyway.
+const PARTS_LEASE_TTL: Duration = Duration::from_secs(30);
 
 impl TurnClosed {
     /// Whether nothing was written because the session is no longer the request's (see
@@ -181,6 +184,28 @@ impl CloseParts {
 
 /// [`Store::close_turn`] from the single calls.
 pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClose) -> TurnClosed {
+    // The parts are separate calls, so none of them can check the lease as it writes: it is
+    // renewed first, which says whether it is still the request's and keeps it so while the
+    // parts run (the one-call closes check it inside their own transaction or job).
+    if let Some(lease) = &close.lease {
+        match store.renew_session_lease(lease, PARTS_LEASE_TTL).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let gone = Error::NotFound(format!("session {} (its lease)", lease.session));
+                return TurnClosed {
+                    failures: vec![(LEASE_LOST, gone)],
+                    unstored: None,
+                };
+            }
+            // Nothing written: the close comes back whole, to be tried again.
+            Err(e) => {
+                return TurnClosed {
+                    failures: vec![(CLOSE_FAILED, e)],
+                    unstored: Some(close),
+                };
+            }
+        }
+    }
     let mut record = close.record.clone();
     let mut parts = CloseParts::default();
     if let Some(reply) = close.reply.as_ref().filter(|r| !r.messages.is_empty()) {
@@ -206,4 +231,72 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
         parts.tried(RELEASE_FAILED, store.unlock_session(lease).await);
     }
     parts.closed(|| close)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::{NewMessage, Origin, SqliteStore};
+
+    fn open(append: Append) -> TurnOpen {
+        TurnOpen {
+            tenant: "t".into(),
+            session: "s".into(),
+            scope: Scope::default(),
+            ttl: Duration::from_secs(60),
+            wait: Duration::from_secs(5),
+            append: Some(append),
+        }
+    }
+
+    /// PostgreSQL falls back to the part-by-part close when its one-transaction close fails.
+    /// By then the session may have been deleted and begun again under its id by another
+    /// request: the parts, each a call of its own, must not write into that request's turn.
+    #[tokio::test]
+    async fn a_close_by_parts_writes_nothing_once_the_lease_is_someone_elses() {
+        let store = SqliteStore::connect("sqlite::memory:", 1).await.unwrap();
+        store.migrate().await.unwrap();
+        let question = [json!({"role": "user", "content": "q"})];
+        let request = || Append {
+            parent: None,
+            messages: NewMessage::chain(None, &question, Origin::Client),
+        };
+        let first = store.open_turn(open(request())).await.unwrap();
+        assert!(store.delete_session("t", "s").await.unwrap());
+        // The same question again: the new session holds the very message the reply hangs under.
+        let second = store.open_turn(open(request())).await.unwrap();
+        let last = first.appended.last().map(|a| a.id);
+        let reply = [json!({"role": "assistant", "content": "a"})];
+        let close = TurnClose {
+            reply: Some(Append {
+                parent: last,
+                messages: NewMessage::chain(last.as_ref(), &reply, Origin::Reply),
+            }),
+            response_id: None,
+            upstream_root: None,
+            record: NewRequestRecord {
+                tenant: "t".into(),
+                session: "s".into(),
+                head: last,
+                endpoint: "chat.completions".into(),
+                status: 200,
+                ..Default::default()
+            },
+            lease: Some(first.lease),
+            awaited: true,
+        };
+        let closed = close_by_parts(&store, close).await;
+        assert!(closed.session_lost(), "{:?}", closed.failures);
+        assert!(closed.unstored.is_none());
+        assert_eq!(store.head_branch("t", "s").await.unwrap().len(), 1);
+        assert!(store.list_requests("t", "s").await.unwrap().is_empty());
+        // The new owner's lease is untouched: it renews.
+        let renewed = store
+            .renew_session_lease(&second.lease, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(renewed.is_some());
+    }
 }
