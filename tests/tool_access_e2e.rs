@@ -875,8 +875,10 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
 }
 
 /// A Realtime session's tools are declared when it is created and used over a connection the
-/// client opens to the provider with the ephemeral secret, past the proxy: a tenant that
-/// limits tools per role creates none (403, as it forwards no WebSocket). Others pass through.
+/// client opens to the provider with the ephemeral secret, past the proxy; an assistant, a run
+/// and a batch are run by the provider with tools the proxy never sees in a managed request. A
+/// tenant that limits tools per role forwards none of them (403, as it forwards no WebSocket).
+/// Others pass through.
 #[tokio::test]
 async fn a_tenant_with_roles_creates_no_realtime_session() {
     let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
@@ -889,6 +891,13 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
         "realtime//client%5Fsecrets",
         "realtime/calls",
         "realtime/calls/rtc_1/accept",
+        "Realtime/Sessions",
+        "assistants",
+        "assistants/asst_1",
+        "threads/runs",
+        "threads/thread_1/runs",
+        "threads/thread_1/Runs;x",
+        "batches",
     ] {
         let resp = client()
             .post(format!("{}/{path}", proxy.base_url()))
@@ -902,6 +911,18 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
         assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
     }
     assert!(mock.requests().is_empty());
+    // What only reads or manages what exists still goes through.
+    for path in ["threads", "threads/thread_1/messages", "files"] {
+        let resp = client()
+            .post(format!("{}/{path}", proxy.base_url()))
+            .bearer_auth("sk-viewer")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(resp.status(), 403, "{path}");
+    }
+    assert_eq!(mock.requests().len(), 3, "forwarded");
 
     let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
     let resp = client()

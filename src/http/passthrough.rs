@@ -140,12 +140,12 @@ async fn forward_inner(
     check_path(request.method(), request.uri().path())?;
     let tenant = &selected.tenant;
     if !tenant.file.tools.roles.is_empty()
-        && mints_a_realtime_session(request.method(), request.uri().path())
+        && let Some(what) = runs_tools_out_of_reach(request.method(), request.uri().path())
     {
-        // The session's tools are declared here and used over a connection the client then
-        // opens to the provider itself, with the secret: no role could ever be checked.
         return Err(Error::ToolNotAllowed {
-            message: "this tenant limits tools per role, which cannot be checked in a Realtime session; Realtime sessions and client secrets are not created for it".to_string(),
+            message: format!(
+                "this tenant limits tools per role, which cannot be checked for {what}: the request is not forwarded"
+            ),
             param: None,
         });
     }
@@ -222,16 +222,17 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
             None,
         ));
     }
-    let segments = segments(&decoded);
+    let segments = route_segments(&decoded);
+    let route: Vec<&str> = segments.iter().map(String::as_str).collect();
     let managed = matches!(
-        segments.as_slice(),
+        route.as_slice(),
         ["v1", "chat", "completions"] | ["v1", "responses"]
     );
     if method == Method::POST && managed {
         return Err(Error::invalid(
             format!(
                 "Invalid path '{path}': send this request to /{} so that the proxy manages it",
-                segments.join("/")
+                route.join("/")
             ),
             None,
         ));
@@ -239,22 +240,51 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether this request creates a Realtime session or an ephemeral client secret for one
-/// (`POST /v1/realtime/client_secrets`, `/v1/realtime/sessions`; a WebRTC call,
-/// `/v1/realtime/calls`; a SIP call accepted with its session, `/v1/realtime/calls/{id}/accept`):
-/// a session whose tools go to the provider over a connection that never passes the proxy.
-fn mints_a_realtime_session(method: &Method, path: &str) -> bool {
+/// What a request would make the provider run with tools no role check can reach, if it does:
+/// - a Realtime session or its client secret (`POST /v1/realtime/client_secrets`,
+///   `/v1/realtime/sessions`; a WebRTC call, `/v1/realtime/calls`; a SIP call accepted with its
+///   session, `/v1/realtime/calls/{id}/accept`): the session's tools are used over a connection
+///   the client opens to the provider itself;
+/// - an Assistants API assistant or run (`POST /v1/assistants[/{id}]`, `/v1/threads/runs`,
+///   `/v1/threads/{id}/runs`): the provider runs it with the tools given there, past the proxy;
+/// - a batch (`POST /v1/batches`): its requests are in an uploaded file the proxy never reads.
+fn runs_tools_out_of_reach(method: &Method, path: &str) -> Option<&'static str> {
+    if method != Method::POST {
+        return None;
+    }
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
-    method == Method::POST
-        && matches!(
-            segments(&decoded).as_slice(),
-            ["v1", "realtime", "client_secrets" | "sessions" | "calls"]
-                | ["v1", "realtime", "calls", _, "accept"]
-        )
+    let segments = route_segments(&decoded);
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    match segments.as_slice() {
+        ["v1", "realtime", "client_secrets" | "sessions" | "calls"]
+        | ["v1", "realtime", "calls", _, "accept"] => Some("a Realtime session"),
+        ["v1", "assistants"] | ["v1", "assistants", _] => Some("an assistant"),
+        ["v1", "threads", "runs"] | ["v1", "threads", _, "runs"] => Some("an Assistants API run"),
+        ["v1", "batches"] => Some("a batch"),
+        _ => None,
+    }
+}
+
+/// The segments of a decoded path as a lenient server may route them: empty ones left out, each
+/// in lower case, without `;` parameters or surrounding spaces. A request is checked against a
+/// route by these, so that `/v1/Chat/completions;x` cannot go around the route's management on
+/// a provider that reads it as `/v1/chat/completions`.
+pub(super) fn route_segments(decoded: &str) -> Vec<String> {
+    segments(decoded)
+        .into_iter()
+        .map(|s| {
+            s.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// The non-empty segments of a decoded path: `/v1//chat/completions/` is `[v1, chat, completions]`.
-pub(super) fn segments(decoded: &str) -> Vec<&str> {
+fn segments(decoded: &str) -> Vec<&str> {
     decoded.split('/').filter(|s| !s.is_empty()).collect()
 }
 
@@ -280,6 +310,12 @@ mod tests {
             "/v1//chat/completions",
             "/v1/chat/%63ompletions",
             "/v1/responses/",
+            "/v1/Chat/completions",
+            "/v1/CHAT/COMPLETIONS",
+            "/v1/Responses",
+            "/v1/chat/completions;x",
+            "/v1/chat/completions%20",
+            "/v1/responses;v=1/",
         ] {
             assert!(check_path(&Method::POST, path).is_err(), "{path}");
             assert!(check_path(&Method::GET, path).is_ok(), "{path}");

@@ -37,8 +37,10 @@ pub fn is_upgrade(method: &Method, headers: &HeaderMap) -> bool {
 /// and their role's tool access, so they are refused: a client uses the HTTP route instead.
 pub fn check_unmanaged(path: &str) -> Result<()> {
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    let segments = super::passthrough::route_segments(&decoded);
+    let route: Vec<&str> = segments.iter().map(String::as_str).collect();
     if matches!(
-        super::passthrough::segments(&decoded).as_slice(),
+        route.as_slice(),
         ["v1", "chat", "completions", ..] | ["v1", "responses", ..]
     ) {
         return Err(Error::invalid(
