@@ -272,6 +272,7 @@ async fn chain_from_an_upstream_response_keeps_its_root(opts: ProxyOptions) {
     let z = json!({"role": "user", "content": "z"});
     let resp = client()
         .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-test")
         .json(&json!({"model": "gpt-4o", "input": [z], "stream": true, "previous_response_id": second["id"]}))
         .send()
         .await
@@ -356,6 +357,60 @@ async fn previous_response_of_another_session_is_forwarded_and_previewed_alike()
     assert_eq!(sent["previous_response_id"], first["id"]);
     assert_eq!(sent["input"], input);
     assert_eq!(previewed["input"], sent["input"]);
+}
+
+/// The audit's case: in a `keys: any` tenant each client brings its own provider key, and a
+/// response id belongs to the key that made it, as it does at the provider. Another key's
+/// `previous_response_id` is unknown to the proxy: forwarded as it came, in a session of its
+/// own (previewed alike), and the first client's session is left as it was. The key that made
+/// it continues it.
+#[tokio::test]
+async fn a_response_id_is_continued_only_with_the_key_that_made_it() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let url = format!("{}/responses", proxy.base_url());
+    let post = |key: &str, body: &Value| client().post(&url).bearer_auth(key).json(body).send();
+    let resp = post(
+        "sk-alice",
+        &json!({"model": "m", "input": "my PIN is 4321"}),
+    )
+    .await
+    .unwrap();
+    let alice = resp.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let first: Value = resp.json().await.unwrap();
+    let input = json!([{"role": "user", "content": "what did I say?"}]);
+    let body = json!({"model": "m", "input": input, "previous_response_id": first["id"]});
+
+    let resp = client()
+        .post(proxy.url("/ctxproxy/v1/preview/responses"))
+        .bearer_auth("sk-bob")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let previewed: Value = resp.json().await.unwrap();
+    assert_eq!(previewed["input"], input, "{previewed}");
+
+    let resp = post("sk-bob", &body).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_ne!(resp.headers()["x-ctxproxy-session"], alice.as_str());
+    let sent = mock.requests()[1].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], first["id"], "{sent}");
+    assert_eq!(sent["input"], input, "nothing of alice's: {sent}");
+    assert_eq!(
+        stored(&proxy, &alice).await.len(),
+        2,
+        "alice's session untouched"
+    );
+
+    let resp = post("sk-alice", &body).await.unwrap();
+    assert_eq!(resp.headers()["x-ctxproxy-session"], alice.as_str());
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert!(sent.get("previous_response_id").is_none(), "{sent}");
+    assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
 }
 
 #[tokio::test]
@@ -678,7 +733,7 @@ async fn an_id_another_process_is_still_streaming_is_looked_up_once_the_session_
     );
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     store
-        .record_response("default", "resp_elsewhere", "shared", head, None)
+        .record_response("default", "resp_elsewhere", "shared", head, None, None)
         .await
         .unwrap();
     store.unlock_session(&other).await.unwrap();

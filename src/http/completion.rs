@@ -41,6 +41,9 @@ pub struct Completion {
     /// root of the chain it continues): recorded with the reply's id, so that continuing the
     /// reply keeps sending it (SPEC 7).
     pub upstream_root: Option<String>,
+    /// The hex sha256 of the client's key, recorded with the reply's response id: only that
+    /// key continues it by `previous_response_id`.
+    pub key_hash: Option<String>,
 }
 
 impl Completion {
@@ -148,6 +151,7 @@ impl Completion {
             }),
             response_id,
             upstream_root: self.upstream_root.take(),
+            key_hash: self.key_hash.take(),
             record,
             lease,
             awaited,

@@ -448,7 +448,7 @@ async fn prepare(
 
     let mode = history_mode(headers, tenant)?;
     let scope = Scope {
-        key_hash: bearer(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes()))),
+        key_hash: client_key_hash(headers),
         user: call.user().map(str::to_string),
     };
     let Taken {
@@ -464,12 +464,21 @@ async fn prepare(
             // A stream still running may hold it (announced): waited for as long as a session
             // is, no longer; then the id is looked up as it stands.
             let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(id))).await;
-            match store.find_response(&tenant.name, id).await? {
+            let found = match store.find_response(&tenant.name, id).await? {
                 Some(found) => Some(found),
                 None => {
                     once_the_named_session_is_free(state, tenant, headers, &call, id, wait).await?
                 }
-            }
+            };
+            // Another key's response is unknown to this request, unless the request names its
+            // session (which gives it the session's history anyway): it goes upstream as it
+            // came, for the provider to answer as it would (the id is its account's, or not).
+            let named =
+                session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
+            let key = scope.key_hash.as_deref();
+            found.filter(|f| {
+                f.belongs_to(key) || named.as_ref().is_some_and(|(n, _)| *n == f.session)
+            })
         }
         None => None,
     };
@@ -613,6 +622,7 @@ async fn prepare(
         allowed: (!tenant.file.tools.roles.is_empty()).then(|| cut.allowed.clone()),
         summary_job: None,
         upstream_root: call.previous_response_id().map(str::to_string),
+        key_hash: scope.key_hash.clone(),
     };
     let rewritten = match rewritten {
         Ok(r) => r,
@@ -632,6 +642,11 @@ async fn prepare(
         completion,
         report,
     })
+}
+
+/// The hex sha256 of the client's key, as sessions and response ids record it (never the key).
+pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
+    bearer(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes())))
 }
 
 /// A `previous_response_id` not stored yet may be a response another process is streaming on

@@ -80,7 +80,11 @@ async fn preview(
         }
         None => None,
     }
-    .filter(|p| named.as_ref().is_none_or(|n| *n == p.session));
+    .filter(|p| named.as_ref().is_none_or(|n| *n == p.session))
+    // Nor is another key's response, unless its session is named.
+    .filter(|p| {
+        named.is_some() || p.belongs_to(super::managed::client_key_hash(&headers).as_deref())
+    });
     let session_id = match (&named, &previous) {
         (Some(id), _) => Some(id.clone()),
         (None, Some(p)) => Some(p.session.clone()),

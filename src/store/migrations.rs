@@ -41,6 +41,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "upstream root of a response id",
         sql: include_str!("../../migrations/sqlite/0004_response_upstream_root.sql"),
     },
+    Migration {
+        version: 5,
+        description: "client key of a response id",
+        sql: include_str!("../../migrations/sqlite/0005_response_key.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -64,6 +69,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 4,
         description: "upstream root of a response id",
         sql: include_str!("../../migrations/postgres/0004_response_upstream_root.sql"),
+    },
+    Migration {
+        version: 5,
+        description: "client key of a response id",
+        sql: include_str!("../../migrations/postgres/0005_response_key.sql"),
     },
 ];
 

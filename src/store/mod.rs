@@ -238,7 +238,8 @@ pub trait Store: Send + Sync {
 
     /// Records that Responses API `response_id` ended with `message` as head of `session`, its
     /// request forwarded with `upstream_root` as `previous_response_id` (see
-    /// [`ResponseRef::upstream_root`]); replaces an earlier record of the same id.
+    /// [`ResponseRef::upstream_root`]) and made with the client key hashed as `key_hash` (see
+    /// [`ResponseRef::key_hash`]); replaces an earlier record of the same id.
     async fn record_response(
         &self,
         tenant: &str,
@@ -246,6 +247,7 @@ pub trait Store: Send + Sync {
         session: &str,
         message: MessageId,
         upstream_root: Option<&str>,
+        key_hash: Option<&str>,
     ) -> Result<()>;
 
     /// Looks a response id up within the tenant.

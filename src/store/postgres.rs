@@ -446,6 +446,7 @@ impl Store for PostgresStore {
         session: &str,
         message: MessageId,
         upstream_root: Option<&str>,
+        key_hash: Option<&str>,
     ) -> Result<()> {
         let mut conn = self.pool.acquire().await?;
         records::record_response(
@@ -455,6 +456,7 @@ impl Store for PostgresStore {
             session,
             message,
             upstream_root,
+            key_hash,
         )
         .await
     }
@@ -490,19 +492,20 @@ impl Store for PostgresStore {
     }
 
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {
-        let row: Option<(String, Vec<u8>, Option<String>)> = sqlx::query_as(
-            "SELECT session_id, message_id, upstream_root FROM responses \
+        let row: Option<(String, Vec<u8>, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT session_id, message_id, upstream_root, key_hash FROM responses \
              WHERE tenant = $1 AND response_id = $2",
         )
         .bind(tenant)
         .bind(text::text(response_id))
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|(session, id, upstream_root)| {
+        row.map(|(session, id, upstream_root, key_hash)| {
             Ok(ResponseRef {
                 session,
                 message: id_from_bytes(&id)?,
                 upstream_root,
+                key_hash,
             })
         })
         .transpose()

@@ -567,13 +567,15 @@ impl Store for SqliteStore {
         session: &str,
         message: MessageId,
         upstream_root: Option<&str>,
+        key_hash: Option<&str>,
     ) -> Result<()> {
         let (tenant, session) = owned(tenant, session);
         let (response_id, root) = (response_id.to_string(), upstream_root.map(str::to_string));
+        let key_hash = key_hash.map(str::to_string);
         self.threads
             .write(move |conn| {
-                let root = root.as_deref();
-                records::record_response(conn, &tenant, &response_id, &session, message, root)
+                let (root, key) = (root.as_deref(), key_hash.as_deref());
+                records::record_response(conn, &tenant, &response_id, &session, message, root, key)
             })
             .await
     }
@@ -621,20 +623,21 @@ impl Store for SqliteStore {
         let (tenant, response_id) = owned(tenant, response_id);
         self.threads
             .read(move |conn| {
-                let row: Option<(String, Vec<u8>, Option<String>)> = conn
+                let row: Option<(String, Vec<u8>, Option<String>, Option<String>)> = conn
                     .prepare_cached(
-                        "SELECT session_id, message_id, upstream_root FROM responses \
+                        "SELECT session_id, message_id, upstream_root, key_hash FROM responses \
                          WHERE tenant = ? AND response_id = ?",
                     )?
                     .query_row(params![tenant, response_id], |row| {
-                        Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
                     })
                     .optional()?;
-                row.map(|(session, id, upstream_root)| {
+                row.map(|(session, id, upstream_root, key_hash)| {
                     Ok(ResponseRef {
                         session,
                         message: id_from_bytes(&id)?,
                         upstream_root,
+                        key_hash,
                     })
                 })
                 .transpose()

@@ -54,6 +54,9 @@ pub struct TurnClose {
     pub response_id: Option<String>,
     /// The `previous_response_id` the request was forwarded with, recorded with `response_id`.
     pub upstream_root: Option<String>,
+    /// The hex sha256 of the client's key, recorded with `response_id` (see
+    /// [`crate::store::ResponseRef::key_hash`]).
+    pub key_hash: Option<String>,
     /// Its `head` is replaced by the reply's last message when the reply is stored.
     pub record: NewRequestRecord,
     /// Released last.
@@ -217,9 +220,9 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
             record.head = reply.messages.last().map(|m| m.id);
         }
         if let (Some(id), Some(head)) = (&close.response_id, record.head) {
-            let root = close.upstream_root.as_deref();
+            let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());
             let recorded = store
-                .record_response(&record.tenant, id, &record.session, head, root)
+                .record_response(&record.tenant, id, &record.session, head, root, key)
                 .await;
             parts.tried("record the response id", recorded);
         }
@@ -276,6 +279,7 @@ mod tests {
             }),
             response_id: None,
             upstream_root: None,
+            key_hash: None,
             record: NewRequestRecord {
                 tenant: "t".into(),
                 session: "s".into(),

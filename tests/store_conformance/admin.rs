@@ -176,7 +176,7 @@ pub async fn delete_removes_the_session_and_everything_in_it(fx: &Fixture) {
     )
     .await
     .unwrap();
-    s.record_response("t", "resp_1", "gone", ids[1], None)
+    s.record_response("t", "resp_1", "gone", ids[1], None, None)
         .await
         .unwrap();
 
@@ -333,7 +333,7 @@ pub async fn response_ids_resolve_within_their_tenant(fx: &Fixture) {
     let conv = [msg("user", "q"), msg("assistant", "a")];
     send(s, "t", "resp", &conv).await;
     let ids = chain_ids(&conv);
-    s.record_response("t", "resp_abc", "resp", ids[1], None)
+    s.record_response("t", "resp_abc", "resp", ids[1], None, None)
         .await
         .unwrap();
     let found = s.find_response("t", "resp_abc").await.unwrap().unwrap();
@@ -352,13 +352,13 @@ pub async fn response_ids_resolve_within_their_tenant(fx: &Fixture) {
             .is_none()
     );
     // Recording again is not an error, and replaces the whole record.
-    s.record_response("t", "resp_abc", "resp", ids[0], Some("resp_upstream"))
+    s.record_response("t", "resp_abc", "resp", ids[0], Some("resp_upstream"), None)
         .await
         .unwrap();
     let found = s.find_response("t", "resp_abc").await.unwrap().unwrap();
     assert_eq!(found.message, ids[0]);
     assert_eq!(found.upstream_root.as_deref(), Some("resp_upstream"));
-    s.record_response("t", "resp_abc", "resp", ids[1], None)
+    s.record_response("t", "resp_abc", "resp", ids[1], None, None)
         .await
         .unwrap();
     let found = s.find_response("t", "resp_abc").await.unwrap().unwrap();

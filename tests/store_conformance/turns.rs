@@ -86,6 +86,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
             reply: Some(reply),
             response_id: Some("resp_turn".into()),
             upstream_root: Some("resp_upstream_only".into()),
+            key_hash: Some("k-turn".into()),
             record: record("turn", last),
             lease: Some(opened.lease),
             awaited: false,
@@ -109,6 +110,16 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
         found.upstream_root.as_deref(),
         Some("resp_upstream_only"),
         "the id the request was forwarded with is kept with the response id"
+    );
+    assert_eq!(
+        found.key_hash.as_deref(),
+        Some("k-turn"),
+        "and the key it was made with"
+    );
+    assert!(found.belongs_to(Some("k-turn")) && !found.belongs_to(Some("k-other")));
+    assert!(
+        !found.belongs_to(None),
+        "a request without a key is another client"
     );
     assert!(lease_is_free(s, "turn").await, "closing released the lease");
 
@@ -201,6 +212,7 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
             reply: Some(reply),
             response_id: None,
             upstream_root: None,
+            key_hash: None,
             record: record("partial", last),
             lease: Some(opened.lease),
             awaited: true,
@@ -232,6 +244,7 @@ pub async fn a_close_nothing_of_which_was_stored_is_handed_back(fx: &Fixture) {
             reply: Some(reply.clone()),
             response_id: None,
             upstream_root: None,
+            key_hash: None,
             record: record("never-created", None),
             lease: None,
             awaited: true,
@@ -292,6 +305,7 @@ pub async fn a_close_whose_record_failed_is_handed_back_and_done_again_once(fx: 
             reply: Some(reply),
             response_id: None,
             upstream_root: None,
+            key_hash: None,
             record: record("record-refused", last),
             lease: Some(opened.lease),
             awaited: true,

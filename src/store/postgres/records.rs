@@ -66,13 +66,15 @@ pub(super) async fn record_response(
     session: &str,
     message: MessageId,
     upstream_root: Option<&str>,
+    key_hash: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
         "INSERT INTO responses \
-         (tenant, response_id, session_id, message_id, created_at, upstream_root) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+         (tenant, response_id, session_id, message_id, created_at, upstream_root, key_hash) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (tenant, response_id) DO UPDATE SET \
          session_id = EXCLUDED.session_id, message_id = EXCLUDED.message_id, \
-         created_at = EXCLUDED.created_at, upstream_root = EXCLUDED.upstream_root",
+         created_at = EXCLUDED.created_at, upstream_root = EXCLUDED.upstream_root, \
+         key_hash = EXCLUDED.key_hash",
     )
     .bind(tenant)
     .bind(super::text::text(response_id))
@@ -80,6 +82,7 @@ pub(super) async fn record_response(
     .bind(message.0.to_vec())
     .bind(Timestamp::now().millis())
     .bind(super::text::opt_text(upstream_root))
+    .bind(key_hash)
     .execute(&mut *conn)
     .await?;
     Ok(())

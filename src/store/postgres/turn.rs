@@ -79,8 +79,8 @@ impl PostgresStore {
             tree::append_in(&mut tx, tenant, session, reply.parent, &reply.messages).await?;
             record.head = reply.messages.last().map(|m| m.id);
             if let (Some(id), Some(head)) = (&close.response_id, record.head) {
-                let root = close.upstream_root.as_deref();
-                records::record_response(&mut tx, tenant, id, session, head, root).await?;
+                let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());
+                records::record_response(&mut tx, tenant, id, session, head, root, key).await?;
             }
         }
         records::insert_request(&mut tx, &record).await?;

@@ -74,13 +74,15 @@ pub(super) fn record_response(
     session: &str,
     message: MessageId,
     upstream_root: Option<&str>,
+    key_hash: Option<&str>,
 ) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO responses \
-         (tenant, response_id, session_id, message_id, created_at, upstream_root) \
-         VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
+         (tenant, response_id, session_id, message_id, created_at, upstream_root, key_hash) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, response_id) DO UPDATE SET \
          session_id = excluded.session_id, message_id = excluded.message_id, \
-         created_at = excluded.created_at, upstream_root = excluded.upstream_root",
+         created_at = excluded.created_at, upstream_root = excluded.upstream_root, \
+         key_hash = excluded.key_hash",
     )?
     .execute(params![
         tenant,
@@ -88,7 +90,8 @@ pub(super) fn record_response(
         session,
         message.0,
         Timestamp::now().millis(),
-        upstream_root
+        upstream_root,
+        key_hash
     ])?;
     Ok(())
 }

@@ -101,6 +101,7 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
         reply,
         response_id,
         upstream_root,
+        key_hash,
         record,
         lease,
         awaited: _,
@@ -124,9 +125,9 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
             head = reply.messages.last().map(|m| m.id);
         }
         if let (Some(id), Some(head)) = (response_id, head) {
-            let root = upstream_root.as_deref();
+            let (root, key) = (upstream_root.as_deref(), key_hash.as_deref());
             let recorded = part(conn, || {
-                records::record_response(conn, tenant, id, session, head, root)
+                records::record_response(conn, tenant, id, session, head, root, key)
             });
             parts.tried("record the response id", recorded);
         }
