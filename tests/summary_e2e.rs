@@ -441,6 +441,39 @@ async fn failed_summary_never_fails_the_request_and_is_retried_later() {
     assert!(counter(&proxy, "ctxproxy_summaries_total{outcome=\"error\"}").await >= 1.0);
 }
 
+/// The audit's case: a summariser that ignores its length and answers with more than the
+/// history it was to stand in for. Such a summary would make every later request longer (over
+/// a small model's window, a 400 for a request that fits without it): it is a failed summary,
+/// not kept nor applied, and the request that asked for it goes out without it.
+#[tokio::test]
+async fn a_summary_longer_than_what_it_replaces_is_not_kept() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    let long = "endless ".repeat(8000);
+    script(&mock, 200, &long);
+    turns_until_summarised(&proxy, &mock).await;
+    let seen = mock.requests();
+    let last = seen.last().unwrap();
+    assert!(!is_summary_request(last));
+    let msgs = last.body_json().unwrap()["messages"].clone();
+    assert!(
+        msgs.as_array()
+            .unwrap()
+            .iter()
+            .all(|m| !m["content"].as_str().unwrap_or("").starts_with(PREFIX)),
+        "no summary sent"
+    );
+    assert!(sent_tokens(last) <= BUDGET);
+    let store = proxy.state.store.clone();
+    assert!(
+        store
+            .list_summaries("default", SESSION)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(counter(&proxy, "ctxproxy_summaries_total{outcome=\"error\"}").await >= 1.0);
+}
+
 /// A session deleted (admin DELETE) while its summary is being made: the summary has nowhere
 /// to go, which is what was asked for. Counted as skipped, not as a failed summary.
 #[tokio::test]

@@ -38,6 +38,8 @@ pub struct Job {
     pub(crate) previous: Option<String>,
     /// The messages to fold in (history after the previous summary, instructions left out).
     pub(crate) messages: Vec<Message>,
+    /// The tokens of `previous` and `messages` together: what the summary stands in for.
+    pub(crate) replaces_tokens: u64,
     /// The last covered message.
     pub(crate) anchor: MessageId,
     pub(crate) encoding: Encoding,
@@ -183,6 +185,14 @@ impl Job {
             }
             .message(),
         );
+        // A summary no shorter than what it stands in for would make every later request
+        // longer, maybe over the model's window: a failed summary, which never fails a request.
+        if token_count >= self.replaces_tokens {
+            return Err(Error::Internal(format!(
+                "the summariser's answer has {token_count} tokens, no fewer than the {} it would stand in for; not kept",
+                self.replaces_tokens
+            )));
+        }
         // The session may have been deleted while the summariser worked, and another begun
         // under its id: the summary is of messages that session does not hold (or holds again,
         // the same ones by their chained ids, for which it is still right).

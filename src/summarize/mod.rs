@@ -203,6 +203,7 @@ pub async fn prepare(
         based_on: prepared.latest_id,
         previous: prepared.applied.as_ref().map(|s| s.text.clone()),
         messages: covered(&entries, &plan),
+        replaces_tokens: previous_tokens + covered_tokens(&entries, &plan),
         anchor,
         encoding,
         authorization: authorization(tenant, headers),
@@ -235,6 +236,16 @@ fn covered(entries: &[Entry<'_>], plan: &SummaryPlan) -> Vec<Message> {
         .filter(|e| !e.message.role.is_instruction())
         .map(|e| e.message.clone())
         .collect()
+}
+
+/// The tokens of the messages [`covered`] returns, as the request counted them.
+fn covered_tokens(entries: &[Entry<'_>], plan: &SummaryPlan) -> u64 {
+    entries
+        .iter()
+        .filter(|e| (plan.from..=plan.until).contains(&e.index))
+        .filter(|e| !e.message.role.is_instruction())
+        .map(|e| e.tokens)
+        .sum()
 }
 
 /// The Authorization the summariser call sends: the tenant's key, or for `keys: any` (nothing
