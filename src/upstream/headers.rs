@@ -46,6 +46,8 @@ pub enum UpstreamAuth {
 pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(client.len());
     let listed = connection_listed(client);
+    let replaced = matches!(auth, UpstreamAuth::Replace(_));
+    let client_key = bearer(client).map(str::as_bytes);
     for (name, value) in client {
         if is_hop_by_hop(name)
             || listed.contains(name)
@@ -68,7 +70,15 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         }
         // With the tenant's own key upstream, the organisation and project are the key's: a
         // client must not pick another one the operator's key happens to belong to.
-        if matches!(auth, UpstreamAuth::Replace(_)) && is_account_header(name) {
+        if replaced && is_account_header(name) {
+            continue;
+        }
+        // Nor does the client's key go on (SPEC 2) under another name: the key headers of
+        // other APIs (Azure's `api-key`, `x-api-key`), or any header that carries it.
+        if replaced
+            && (is_key_header(name)
+                || client_key.is_some_and(|key| contains(value.as_bytes(), key)))
+        {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -126,6 +136,16 @@ pub fn to_client(upstream: &HeaderMap, length: Length, auth: &UpstreamAuth) -> H
 /// The headers that name the OpenAI account a key belongs to.
 fn is_account_header(name: &HeaderName) -> bool {
     matches!(name.as_str(), "openai-organization" | "openai-project")
+}
+
+/// Headers other APIs take a key in.
+fn is_key_header(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "api-key" | "x-api-key")
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The bearer token of an Authorization header, if any.
@@ -203,6 +223,29 @@ mod tests {
         let open = to_upstream(&msg, &UpstreamAuth::Forward, false);
         assert_eq!(open["openai-organization"], "org-other");
         assert_eq!(open["openai-project"], "proj-other");
+    }
+
+    /// The audit's case (SPEC 2: "the client's key is never forwarded"): a keyed tenant's
+    /// client key does not go on under the key headers of other APIs, nor in any other header.
+    #[test]
+    fn a_keyed_tenant_s_client_key_goes_on_under_no_name() {
+        let msg = headers(&[
+            ("authorization", "Bearer sk-client-secret"),
+            ("api-key", "sk-client-secret"),
+            ("x-api-key", "anything"),
+            ("x-custom-auth", "token=sk-client-secret"),
+            ("x-kept", "1"),
+        ]);
+        let keyed = to_upstream(&msg, &UpstreamAuth::Replace(Some("sk-op".into())), false);
+        assert_eq!(keyed["authorization"], "Bearer sk-op");
+        for gone in ["api-key", "x-api-key", "x-custom-auth"] {
+            assert!(keyed.get(gone).is_none(), "{gone}");
+        }
+        assert_eq!(keyed["x-kept"], "1");
+        // A `keys: any` tenant forwards the client's own key: its headers go on as they came.
+        let open = to_upstream(&msg, &UpstreamAuth::Forward, false);
+        assert_eq!(open["api-key"], "sk-client-secret");
+        assert_eq!(open["x-api-key"], "anything");
     }
 
     #[test]
