@@ -84,18 +84,11 @@ async fn migrate(path: PathBuf) -> ctxproxy::Result<()> {
         let problems: Vec<String> = failed.problems.iter().map(ToString::to_string).collect();
         ctxproxy::Error::Config(problems.join("\n"))
     })?;
-    let url = redact_url(&database.url);
+    let url = ctxproxy::config::printable_url(&database.url);
     ctxproxy::app::open_database(&database).await?;
     tracing::info!(%url, "migrations applied");
     println!("migrations applied to {url}");
     Ok(())
-}
-
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_string(),
-    }
 }
 
 fn check_config(path: PathBuf) -> ExitCode {

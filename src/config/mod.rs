@@ -458,7 +458,7 @@ fn build_tenant(
             } else {
                 String::new()
             },
-            without_credentials(base)
+            printable_url(base)
         )));
     }
     // `api_key_env` is optional with listed keys (SPEC 2 does not require it): without it no
@@ -561,8 +561,26 @@ pub(crate) fn is_tenant_file(path: &std::path::Path) -> bool {
     !hidden && path.extension().is_some_and(|x| x == "yaml" || x == "yml")
 }
 
-/// A URL as it may be printed: credentials in it (`user:pass@`) are masked. Secrets never appear
-/// in logs or errors (SPEC 8), not even in a URL the proxy refuses.
+/// A URL as it may be printed: credentials in it (`user:pass@`) and the values of its query
+/// (`?api-key=…`, `?password=…`) are masked, the names kept. Secrets never appear in logs or
+/// errors (SPEC 8), not even in a URL the proxy refuses.
+pub fn printable_url(url: &str) -> String {
+    let url = without_credentials(url);
+    let Some((base, query)) = url.split_once('?') else {
+        return url;
+    };
+    let query = query.split('#').next().unwrap_or("");
+    let masked: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) => format!("{name}=***"),
+            None => pair.to_string(),
+        })
+        .collect();
+    format!("{base}?{}", masked.join("&"))
+}
+
+/// `url` with its credentials (`user:pass@`) masked.
 fn without_credentials(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some(parts) => parts,
@@ -581,7 +599,7 @@ fn without_credentials(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::without_credentials;
+    use super::{printable_url, without_credentials};
 
     #[test]
     fn urls_are_printed_without_credentials() {
@@ -597,5 +615,20 @@ mod tests {
         assert_eq!(without_credentials("http://host/v1"), "http://host/v1");
         assert_eq!(without_credentials("user:secret@host"), "***@host");
         assert_eq!(without_credentials("not a url"), "not a url");
+    }
+
+    /// The audit's case: a key in the query of `upstream.base_url` is not printed either.
+    #[test]
+    fn urls_are_printed_without_query_values() {
+        assert_eq!(
+            printable_url("ftp://bob:PASSW0RD@host/v1?api-key=QUERYSECRET&v=1#frag"),
+            "ftp://***@host/v1?api-key=***&v=***"
+        );
+        assert_eq!(
+            printable_url("postgres://h/db?user=u&password=p"),
+            "postgres://h/db?user=***&password=***"
+        );
+        assert_eq!(printable_url("sqlite://data/x.db"), "sqlite://data/x.db");
+        assert_eq!(printable_url("http://h/v1?flag"), "http://h/v1?flag");
     }
 }
