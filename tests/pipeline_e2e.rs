@@ -229,6 +229,16 @@ async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
         .to_str()
         .unwrap()
         .to_string();
+    // How long it was, as an answered request says (the audit's case).
+    let tokens = |name: &str| -> u64 { resp.headers()[name].to_str().unwrap().parse().unwrap() };
+    let (tokens_in, tokens_out) = (
+        tokens("x-ctxproxy-tokens-in"),
+        tokens("x-ctxproxy-tokens-out"),
+    );
+    assert!(
+        tokens_out > 50 && tokens_in >= tokens_out,
+        "{tokens_in} {tokens_out}"
+    );
     let v: Value = resp.json().await.unwrap();
     let err = assert_openai_error(&v);
     assert_eq!(err["code"], "context_length_exceeded");
@@ -237,6 +247,13 @@ async fn a_conversation_too_large_for_the_model_is_400_and_not_forwarded() {
     let records = proxy.request_records("default", &session).await;
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0]["status"], 400);
+    // SPEC 5.3: every request record stores the report, a refused one's too.
+    assert_eq!(records[0]["tokens_in"], tokens_in);
+    assert_eq!(records[0]["tokens_out"], tokens_out);
+    assert_eq!(
+        records[0]["report"]["tokens_out"], tokens_out,
+        "{records:?}"
+    );
 
     // The Responses API names its own field.
     let resp = client()

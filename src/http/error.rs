@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::managed::{TOKENS_IN_HEADER, TOKENS_OUT_HEADER};
 use crate::error::Error;
 
 impl Error {
@@ -133,10 +134,21 @@ impl IntoResponse for Error {
         }
         let body = serde_json::to_vec(&self.body()).unwrap_or_default();
         let mut response = (status, body).into_response();
-        response.headers_mut().insert(
+        let headers = response.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        // A conversation refused as too long still says how long it was, and how long after
+        // every rewrite, as an answered one does.
+        if let Error::ContextLengthExceeded {
+            report: Some(report),
+            ..
+        } = &self
+        {
+            headers.insert(TOKENS_IN_HEADER, HeaderValue::from(report.tokens_in));
+            headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(report.tokens_out));
+        }
         response
     }
 }

@@ -629,6 +629,14 @@ async fn prepare(
         Err(e) => {
             // Refused with the turn already stored (e.g. over the model's context window): the
             // record says so, as for any request that reached the store, and frees the session.
+            // Its report is what the pipeline did before it gave up.
+            if let Error::ContextLengthExceeded {
+                report: Some(report),
+                ..
+            } = &e
+            {
+                completion.report = Some(Report::clone(report));
+            }
             completion.finish(e.classify().0, None, None).await;
             return Err(e);
         }
