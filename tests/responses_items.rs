@@ -183,6 +183,22 @@ fn compressed_output_keeps_the_item_and_its_fields() {
     );
 }
 
+/// The audit's case: a message item with a role the Responses API does not have (a chat `tool`
+/// message sent here) is not a tool result for repair to drop as an orphan: it goes upstream
+/// untouched, for the provider to judge, as any item the pipeline cannot read.
+#[test]
+fn a_message_with_a_role_outside_the_api_is_left_to_the_upstream() {
+    let items = vec![
+        json!({"role": "tool", "content": "x"}),
+        json!({"role": "user", "content": "q"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    let out = rewrite(&conv, json!({}));
+    assert_eq!(to_items(&out.messages), items);
+    assert!(out.report.repaired.is_empty(), "{:?}", out.report);
+    assert!(out.report.removed.is_empty(), "{:?}", out.report);
+}
+
 #[test]
 fn repair_restores_the_items_invariant() {
     let f = fixture("broken_pairs.json");

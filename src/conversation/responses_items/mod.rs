@@ -56,12 +56,17 @@ pub(crate) enum Kind {
     Opaque,
 }
 
+/// The roles a Responses `message` item may have.
+const MESSAGE_ROLES: [&str; 4] = ["user", "assistant", "system", "developer"];
+
 /// The kind of one wire item. Calls and outputs without a string `call_id`, and messages
-/// without a string `role`, are opaque: the upstream will judge them, the pipeline cannot.
+/// without one of the API's roles (a chat `tool` message sent here is not a tool result), are
+/// opaque: the upstream will judge them, the pipeline cannot.
 pub(crate) fn kind(item: &Value) -> Kind {
     let has = |key: &str| item.get(key).is_some_and(Value::is_string);
+    let role = item.get("role").and_then(Value::as_str);
     match item.get("type").and_then(Value::as_str) {
-        Some("message") | None if has("role") => Kind::Message,
+        Some("message") | None if role.is_some_and(|r| MESSAGE_ROLES.contains(&r)) => Kind::Message,
         Some("function_call" | "custom_tool_call") if has("call_id") => Kind::Call,
         Some("function_call_output" | "custom_tool_call_output") if has("call_id") => Kind::Output,
         Some("reasoning") => Kind::Reasoning,
