@@ -77,15 +77,20 @@ impl AppState {
 }
 
 impl AppState {
-    /// Reloads the configuration from disk. A file that fails to load leaves the last good
-    /// configuration in force; requests in flight keep the snapshot they started with.
+    /// Reloads the configuration from disk. A file that fails to load leaves its last good
+    /// configuration in force: a tenant file its last good version of that tenant, the server
+    /// file (or a problem between tenants) the whole last good configuration. Requests in
+    /// flight keep the snapshot they started with. `true` when every file loaded.
     pub fn reload(&self) -> bool {
         let current = self.config.load_full();
-        match Config::load(&current.path) {
+        match Config::reload_over(&current.path, &current) {
             Ok(loaded) => {
                 let mut fresh = loaded.config;
                 for w in &loaded.warnings {
                     tracing::warn!(problem = %w, "configuration warning");
+                }
+                for p in &loaded.held_back {
+                    tracing::error!(problem = %p, "tenant file not reloaded; its last good version stays in force (a new file is not served) until it is fixed");
                 }
                 // The socket, the shutdown timer, the pool and the admin token are set up once:
                 // changing them needs a restart. The body limit is read per request.
@@ -129,8 +134,9 @@ impl AppState {
                 tracing::info!(tenants = fresh.tenants.len(), "configuration reloaded");
                 self.config.store(Arc::new(fresh));
                 self.tool_access.clear();
-                crate::metrics::config_reload(true);
-                true
+                let whole = loaded.held_back.is_empty();
+                crate::metrics::config_reload(whole);
+                whole
             }
             Err(failed) => {
                 for p in &failed.problems {

@@ -324,12 +324,9 @@ async fn tenant_files_reload_while_serving() {
         "still the last good policy"
     );
 
-    // A new tenant file with a new key: that key works at once after the reload.
-    std::fs::write(
-        tenants.join("default.yaml"),
-        window_tenant(1).replace("{upstream}", &mock.base_url()),
-    )
-    .unwrap();
+    // A new tenant file with a new key: that key works at once after the reload, although
+    // another tenant's file is still broken (the audit's case: a typo in one file must not
+    // hold back another's change), and that one keeps its last good version.
     use sha2::Digest;
     let hash = hex::encode(sha2::Sha256::digest(b"sk-new-tenant"));
     std::fs::write(
@@ -340,6 +337,22 @@ async fn tenant_files_reload_while_serving() {
     assert!(
         wait_until_sent(&proxy, &mock, "sk-new-tenant", (200, 0)).await,
         "the new tenant's key never selected it"
+    );
+    assert_eq!(
+        tool_results_sent(&proxy, &mock, "k").await,
+        (200, 1),
+        "the broken file's tenant: still its last good policy"
+    );
+
+    // Fixed, it is reloaded like any other.
+    std::fs::write(
+        tenants.join("default.yaml"),
+        window_tenant(3).replace("{upstream}", &mock.base_url()),
+    )
+    .unwrap();
+    assert!(
+        wait_until_sent(&proxy, &mock, "k", (200, 3)).await,
+        "the fixed file was never reloaded"
     );
 }
 

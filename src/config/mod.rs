@@ -111,6 +111,9 @@ impl Models {
 pub struct Loaded {
     pub config: Config,
     pub warnings: Vec<Problem>,
+    /// On a reload ([`Config::reload_over`]), the problems of tenant files whose last good
+    /// version stays in force (or which, new, are left out) until they are fixed.
+    pub held_back: Vec<Problem>,
 }
 
 /// A failed load: every problem found in every file, and the warnings found beside them.
@@ -149,6 +152,19 @@ impl Config {
     /// server file with problems does not stop the tenant files being checked: they are read
     /// from its `tenants_dir` if that much of it could be read, else from the default one.
     pub fn load(path: &Path) -> Result<Loaded, LoadError> {
+        Self::load_over(path, None)
+    }
+
+    /// A reload: [`Config::load`], except that a tenant file with problems of its own leaves
+    /// that tenant's last good version (from `last_good`) in force, or, a new file, leaves it
+    /// out, instead of failing the whole load: a typo in one tenant's file must not hold back
+    /// another's change, such as a revoked key. Its problems are in [`Loaded::held_back`].
+    /// Problems of the server file, or between tenants (a shared key), still fail it.
+    pub fn reload_over(path: &Path, last_good: &Config) -> Result<Loaded, LoadError> {
+        Self::load_over(path, Some(last_good))
+    }
+
+    fn load_over(path: &Path, last_good: Option<&Config>) -> Result<Loaded, LoadError> {
         let mut problems = Vec::new();
         let mut warnings = Vec::new();
         let file_label = path.display().to_string();
@@ -239,6 +255,7 @@ impl Config {
             .ok()
             .filter(|s| !s.is_empty());
         let mut tenants = Vec::new();
+        let mut held_back = Vec::new();
         // The stem is the tenant's name: `acme.yaml` and `acme.yml` would be two tenants sharing
         // one name, and so one set of sessions.
         let mut stems: HashMap<String, String> = HashMap::new();
@@ -270,7 +287,7 @@ impl Config {
                     .map(|p| p.message.clone())
                     .collect();
                 let (tenant, mut found, mut warns) = build_tenant(
-                    name,
+                    name.clone(),
                     tf,
                     &server,
                     upstream_override.as_deref(),
@@ -279,7 +296,18 @@ impl Config {
                 );
                 problems.append(&mut found);
                 warnings.append(&mut warns);
-                tenants.push((label, Arc::new(tenant)));
+                tenants.push((label.clone(), Arc::new(tenant)));
+            }
+            if let Some(good) = last_good
+                && problems.len() > before
+            {
+                held_back.extend(problems.drain(before..));
+                if tenants.last().is_some_and(|(l, _)| *l == label) {
+                    tenants.pop();
+                }
+                if let Some(kept) = good.tenant(&name) {
+                    tenants.push((label, kept.clone()));
+                }
             }
         }
 
@@ -332,6 +360,8 @@ impl Config {
         }
 
         if !problems.is_empty() {
+            // Nothing is reloaded then: the held-back files' problems are reported with the rest.
+            problems.append(&mut held_back);
             return Err(LoadError { problems, warnings });
         }
         let admin_token = std::env::var(&server.admin.token_env)
@@ -348,6 +378,7 @@ impl Config {
                 any_tenant: any_tenant.map(|(i, _)| i),
             },
             warnings,
+            held_back,
         })
     }
 
