@@ -413,6 +413,66 @@ async fn a_response_id_is_continued_only_with_the_key_that_made_it() {
     assert_eq!(sent["input"].as_array().unwrap().len(), 3, "{sent}");
 }
 
+/// The re-audit's case: a client's key is its credential however presented (an Azure client's
+/// `api-key` header, another Authorization scheme), and a client without one is a client too:
+/// none of them continues another's response by its id.
+#[tokio::test]
+async fn a_response_id_is_kept_from_clients_with_other_credentials() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let url = format!("{}/responses", proxy.base_url());
+    let first_id = |headers: &'static [(&'static str, &'static str)]| {
+        let mut req = client()
+            .post(&url)
+            .json(&json!({"model": "m", "input": "secret"}));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        async move {
+            let v: Value = req.send().await.unwrap().json().await.unwrap();
+            v["id"].as_str().unwrap().to_string()
+        }
+    };
+    type Credential = &'static [(&'static str, &'static str)];
+    let cases: [(Credential, Credential); 4] = [
+        (&[("api-key", "azure-one")], &[("api-key", "azure-two")]),
+        (
+            &[("authorization", "Token one")],
+            &[("authorization", "Token two")],
+        ),
+        (&[], &[("authorization", "Bearer sk-other")]),
+        (&[("authorization", "Bearer sk-one")], &[]),
+    ];
+    for (made_by, asked_by) in cases {
+        let id = first_id(made_by).await;
+        let mut req = client()
+            .post(&url)
+            .json(&json!({"model": "m", "input": "next", "previous_response_id": id}));
+        for (k, v) in asked_by {
+            req = req.header(*k, *v);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 200);
+        let sent = mock.requests().last().unwrap().body_json().unwrap();
+        assert_eq!(
+            sent["previous_response_id"],
+            json!(id),
+            "{made_by:?} {asked_by:?}: {sent}"
+        );
+        // The same credential continues it.
+        let mut req = client()
+            .post(&url)
+            .json(&json!({"model": "m", "input": "next", "previous_response_id": id}));
+        for (k, v) in made_by {
+            req = req.header(*k, *v);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 200);
+        let sent = mock.requests().last().unwrap().body_json().unwrap();
+        assert!(
+            sent.get("previous_response_id").is_none(),
+            "{made_by:?}: {sent}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn tool_access_reads_responses_tools_and_items() {
     let tenant = "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    viewer: [lookup]\n  default_role: viewer\n  scrub_history: true\n";

@@ -27,7 +27,6 @@ use crate::conversation::{MessageId, chain_ids};
 use crate::error::{Error, Result};
 use crate::session;
 use crate::store::Scope;
-use crate::upstream::headers::bearer;
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
 
@@ -622,7 +621,9 @@ async fn prepare(
         allowed: (!tenant.file.tools.roles.is_empty()).then(|| cut.allowed.clone()),
         summary_job: None,
         upstream_root: call.previous_response_id().map(str::to_string),
-        key_hash: scope.key_hash.clone(),
+        // A client without a key is recorded as one (an empty hash), not as a response from
+        // before keys were recorded, which any key may continue.
+        key_hash: Some(scope.key_hash.clone().unwrap_or_default()),
     };
     let rewritten = match rewritten {
         Ok(r) => r,
@@ -652,9 +653,10 @@ async fn prepare(
     })
 }
 
-/// The hex sha256 of the client's key, as sessions and response ids record it (never the key).
+/// The hex sha256 of the client's key (its credential, however presented), as sessions and
+/// response ids record it (never the key).
 pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
-    bearer(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes())))
+    headers::client_credential(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes())))
 }
 
 /// A `previous_response_id` not stored yet may be a response another process is streaming on

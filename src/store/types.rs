@@ -259,18 +259,21 @@ pub struct ResponseRef {
     /// The `previous_response_id` the request was forwarded with: a response the upstream holds
     /// and the proxy does not (or not in this session). `None`: the proxy sent the whole chain.
     pub upstream_root: Option<String>,
-    /// The hex sha256 of the client key the response was made with. `None`: made without a
-    /// key, or recorded before keys were. See [`ResponseRef::belongs_to`].
+    /// The hex sha256 of the client key the response was made with; empty: made without a
+    /// key. `None`: recorded before keys were. See [`ResponseRef::belongs_to`].
     pub key_hash: Option<String>,
 }
 
 impl ResponseRef {
-    /// Whether a request made with the key hashed as `key_hash` may continue this response: a
-    /// response id belongs to the key that made it, as it does at the provider, so in a tenant
-    /// whose clients bring their own keys one client cannot continue another's conversation by
-    /// its id. A response recorded without a key may be continued by any.
+    /// Whether a request made with the key hashed as `key_hash` (`None`: no key) may continue
+    /// this response: a response id belongs to the key that made it, as it does at the
+    /// provider, so in a tenant whose clients bring their own keys one client cannot continue
+    /// another's conversation by its id. A response recorded before keys were may be continued
+    /// by any.
     pub fn belongs_to(&self, key_hash: Option<&str>) -> bool {
-        self.key_hash.is_none() || self.key_hash.as_deref() == key_hash
+        self.key_hash
+            .as_deref()
+            .is_none_or(|made_with| made_with == key_hash.unwrap_or_default())
     }
 }
 

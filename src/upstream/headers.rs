@@ -148,6 +148,20 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The credential a client presents, however it does: the bearer token, else the whole
+/// `Authorization` value (another scheme), else an `api-key` (Azure) or `x-api-key` header.
+/// What tells one client of a `keys: any` tenant from another.
+pub fn client_credential(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers)
+        .or_else(|| {
+            [header::AUTHORIZATION.as_str(), "api-key", "x-api-key"]
+                .into_iter()
+                .find_map(|name| headers.get(name)?.to_str().ok())
+                .map(str::trim)
+        })
+        .filter(|c| !c.is_empty())
+}
+
 /// The bearer token of an Authorization header, if any.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
