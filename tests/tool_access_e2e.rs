@@ -898,6 +898,7 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
         "threads/thread_1/runs",
         "threads/thread_1/Runs;x",
         "batches",
+        "evals/eval_1/runs",
     ] {
         let resp = client()
             .post(format!("{}/{path}", proxy.base_url()))

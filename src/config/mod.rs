@@ -597,18 +597,24 @@ pub(crate) fn is_tenant_file(path: &std::path::Path) -> bool {
 /// errors (SPEC 8), not even in a URL the proxy refuses.
 pub fn printable_url(url: &str) -> String {
     let url = without_credentials(url);
-    let Some((base, query)) = url.split_once('?') else {
-        return url;
+    // A fragment may hold a token as well: it goes whole.
+    let (url, fragment) = match url.split_once('#') {
+        Some((url, _)) => (url, "#***"),
+        None => (url.as_str(), ""),
     };
-    let query = query.split('#').next().unwrap_or("");
+    let Some((base, query)) = url.split_once('?') else {
+        return format!("{url}{fragment}");
+    };
     let masked: Vec<String> = query
         .split('&')
         .map(|pair| match pair.split_once('=') {
             Some((name, _)) => format!("{name}=***"),
-            None => pair.to_string(),
+            // A bare item may be a token in itself.
+            None if pair.is_empty() => String::new(),
+            None => "***".to_string(),
         })
         .collect();
-    format!("{base}?{}", masked.join("&"))
+    format!("{base}?{}{fragment}", masked.join("&"))
 }
 
 /// `url` with its credentials (`user:pass@`) masked.
@@ -653,13 +659,14 @@ mod tests {
     fn urls_are_printed_without_query_values() {
         assert_eq!(
             printable_url("ftp://bob:PASSW0RD@host/v1?api-key=QUERYSECRET&v=1#frag"),
-            "ftp://***@host/v1?api-key=***&v=***"
+            "ftp://***@host/v1?api-key=***&v=***#***"
         );
+        assert_eq!(printable_url("https://h/v1#SECFRAG"), "https://h/v1#***");
         assert_eq!(
             printable_url("postgres://h/db?user=u&password=p"),
             "postgres://h/db?user=***&password=***"
         );
         assert_eq!(printable_url("sqlite://data/x.db"), "sqlite://data/x.db");
-        assert_eq!(printable_url("http://h/v1?flag"), "http://h/v1?flag");
+        assert_eq!(printable_url("http://h/v1?SECNOEQ"), "http://h/v1?***");
     }
 }

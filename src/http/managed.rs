@@ -722,7 +722,11 @@ async fn send(
             Outgoing {
                 method: Method::POST,
                 // The client's query goes too (Azure's `api-version`, an SDK's `default_query`).
-                url: upstream::url(&tenant.upstream_base, log.endpoint.upstream_path(), query),
+                url: upstream::url(
+                    &tenant.upstream_base,
+                    log.endpoint.upstream_path(),
+                    headers::query_to_upstream(query, client_headers, &auth).as_deref(),
+                ),
                 headers: headers::to_upstream(client_headers, &auth, true),
                 body: reqwest::Body::from(body),
                 header_timeout: timeout,

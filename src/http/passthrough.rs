@@ -156,8 +156,9 @@ async fn forward_inner(
         .path()
         .strip_prefix("/v1")
         .unwrap_or(parts.uri.path());
-    let url = crate::upstream::url(&tenant.upstream_base, rest, parts.uri.query());
     let auth = tenant::upstream_auth(&selected);
+    let query = headers::query_to_upstream(parts.uri.query(), &parts.headers, &auth);
+    let url = crate::upstream::url(&tenant.upstream_base, rest, query.as_deref());
     let out_headers = headers::to_upstream(&parts.headers, &auth, false);
     // A body without a length found over the limit on the way: a 413, not an upstream error.
     let too_large = Arc::new(AtomicBool::new(false));
@@ -247,7 +248,8 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
 ///   the client opens to the provider itself;
 /// - an Assistants API assistant or run (`POST /v1/assistants[/{id}]`, `/v1/threads/runs`,
 ///   `/v1/threads/{id}/runs`): the provider runs it with the tools given there, past the proxy;
-/// - a batch (`POST /v1/batches`): its requests are in an uploaded file the proxy never reads.
+/// - a batch (`POST /v1/batches`): its requests are in an uploaded file the proxy never reads;
+/// - an eval run (`POST /v1/evals/{id}/runs`): its sampling parameters may give tools.
 fn runs_tools_out_of_reach(method: &Method, path: &str) -> Option<&'static str> {
     if method != Method::POST {
         return None;
@@ -261,6 +263,7 @@ fn runs_tools_out_of_reach(method: &Method, path: &str) -> Option<&'static str> 
         ["v1", "assistants"] | ["v1", "assistants", _] => Some("an assistant"),
         ["v1", "threads", "runs"] | ["v1", "threads", _, "runs"] => Some("an Assistants API run"),
         ["v1", "batches"] => Some("a batch"),
+        ["v1", "evals", _, "runs"] => Some("an eval run"),
         _ => None,
     }
 }

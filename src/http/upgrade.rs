@@ -76,8 +76,9 @@ pub async fn forward(
     }
     let up = &tenant.file.upstream;
     let on_client_upgrade = hyper::upgrade::on(&mut request);
-    let url = upstream::url(&tenant.upstream_base, path, request.uri().query());
     let auth = tenant::upstream_auth(&selected);
+    let query = headers::query_to_upstream(request.uri().query(), request.headers(), &auth);
+    let url = upstream::url(&tenant.upstream_base, path, query.as_deref());
     let mut out = headers::to_upstream(request.headers(), &auth, false);
     out.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     if let Some(v) = request.headers().get(header::UPGRADE) {

@@ -76,8 +76,7 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         // Nor does the client's key go on (SPEC 2) under another name: the key headers of
         // other APIs (Azure's `api-key`, `x-api-key`), or any header that carries it.
         if replaced
-            && (is_key_header(name)
-                || client_key.is_some_and(|key| contains(value.as_bytes(), key)))
+            && (is_key_header(name) || client_key.is_some_and(|key| carries(value.as_bytes(), key)))
         {
             continue;
         }
@@ -143,9 +142,45 @@ fn is_key_header(name: &HeaderName) -> bool {
     matches!(name.as_str(), "api-key" | "x-api-key")
 }
 
-/// Whether `needle` occurs in `haystack`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether a header or query value carries the client's key: holds it, for a key long enough
+/// not to turn up by chance (provider keys are dozens of characters), or is it (an odd short
+/// proxy key, which `1.0` or `abc1` must not be taken for).
+fn carries(value: &[u8], key: &[u8]) -> bool {
+    const BY_CHANCE: usize = 8;
+    if key.len() < BY_CHANCE {
+        let value = value.trim_ascii();
+        return value == key
+            || value
+                .strip_prefix(b"Bearer ")
+                .is_some_and(|v| v.trim_ascii() == key);
+    }
+    value.windows(key.len()).any(|w| w == key)
+}
+
+/// The client's query as it goes upstream. A keyed tenant's client key does not go on in it
+/// either (SPEC 2): a parameter named as a key (`api-key`, `api_key`) or whose value
+/// carries the client's key is left out. Otherwise the query goes as it came.
+pub fn query_to_upstream(
+    query: Option<&str>,
+    client: &HeaderMap,
+    auth: &UpstreamAuth,
+) -> Option<String> {
+    let query = query.filter(|q| !q.is_empty())?;
+    if !matches!(auth, UpstreamAuth::Replace(_)) {
+        return Some(query.to_string());
+    }
+    let client_key = bearer(client).map(str::as_bytes);
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            let value: Vec<u8> = percent_encoding::percent_decode_str(value).collect();
+            let named_as_key = matches!(name.to_ascii_lowercase().as_str(), "api-key" | "api_key");
+            !named_as_key && !client_key.is_some_and(|key| carries(&value, key))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
 }
 
 /// The credential a client presents, however it does: the bearer token, else the whole
@@ -260,6 +295,35 @@ mod tests {
         let open = to_upstream(&msg, &UpstreamAuth::Forward, false);
         assert_eq!(open["api-key"], "sk-client-secret");
         assert_eq!(open["x-api-key"], "anything");
+
+        // Nor in the query (the re-audit's case).
+        let keyed = UpstreamAuth::Replace(Some("sk-op".into()));
+        let query =
+            Some("api-version=2024-10-21&api-key=x&token=sk-client-secret&q=%73k-client-secret");
+        assert_eq!(
+            query_to_upstream(query, &msg, &keyed).as_deref(),
+            Some("api-version=2024-10-21")
+        );
+        assert_eq!(query_to_upstream(Some("api-key=x"), &msg, &keyed), None);
+        assert_eq!(
+            query_to_upstream(query, &msg, &UpstreamAuth::Forward).as_deref(),
+            query
+        );
+    }
+
+    /// The re-audit's case: a short key is matched whole, not inside other values.
+    #[test]
+    fn a_short_client_key_is_not_found_inside_other_values() {
+        let msg = headers(&[
+            ("authorization", "Bearer 1"),
+            ("user-agent", "myapp/1.0"),
+            ("x-trace", "abc1def"),
+            ("x-echo", "1"),
+        ]);
+        let keyed = to_upstream(&msg, &UpstreamAuth::Replace(Some("sk-op".into())), false);
+        assert_eq!(keyed["user-agent"], "myapp/1.0");
+        assert_eq!(keyed["x-trace"], "abc1def");
+        assert!(keyed.get("x-echo").is_none());
     }
 
     #[test]
