@@ -911,6 +911,16 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
         let v: Value = resp.json().await.unwrap();
         assert_eq!(assert_openai_error(&v)["code"], "tool_not_allowed");
     }
+    // A lowercase `post` is POST to a lenient upstream (the final audit's case).
+    let lower = reqwest::Method::from_bytes(b"post").unwrap();
+    let resp = client()
+        .request(lower, format!("{}/evals/eval_1/runs", proxy.base_url()))
+        .bearer_auth("sk-viewer")
+        .json(&session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
     assert!(mock.requests().is_empty());
     // What only reads or manages what exists still goes through.
     for path in ["threads", "threads/thread_1/messages", "files"] {

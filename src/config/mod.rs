@@ -227,7 +227,9 @@ impl Config {
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_else(|| tenants_dir.display().to_string());
-        let mut files = match std::fs::read_dir(&tenants_dir) {
+        let listed = std::fs::read_dir(&tenants_dir);
+        let dir_read = listed.is_ok();
+        let mut files = match listed {
             Ok(rd) => rd
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| is_tenant_file(p))
@@ -243,7 +245,7 @@ impl Config {
         };
         files.sort();
         // Loads, but serves nothing: every request would be a 401.
-        if files.is_empty() && tenants_dir.is_dir() {
+        if files.is_empty() && dir_read {
             warnings.push(Problem {
                 file: tenants_dir.display().to_string(),
                 message: "no tenant files (*.yaml): every request will be refused with 401"

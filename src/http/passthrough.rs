@@ -229,10 +229,10 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
         route.as_slice(),
         ["v1", "chat", "completions"] | ["v1", "responses"]
     );
-    if method == Method::POST && managed {
+    if is_post(method) && managed {
         return Err(Error::invalid(
             format!(
-                "Invalid path '{path}': send this request to /{} so that the proxy manages it",
+                "Invalid request '{method} {path}': send it as POST /{} so that the proxy manages it",
                 route.join("/")
             ),
             None,
@@ -251,7 +251,7 @@ fn check_path(method: &Method, path: &str) -> Result<()> {
 /// - a batch (`POST /v1/batches`): its requests are in an uploaded file the proxy never reads;
 /// - an eval run (`POST /v1/evals/{id}/runs`): its sampling parameters may give tools.
 fn runs_tools_out_of_reach(method: &Method, path: &str) -> Option<&'static str> {
-    if method != Method::POST {
+    if !is_post(method) {
         return None;
     }
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
@@ -266,6 +266,12 @@ fn runs_tools_out_of_reach(method: &Method, path: &str) -> Option<&'static str> 
         ["v1", "evals", _, "runs"] => Some("an eval run"),
         _ => None,
     }
+}
+
+/// Whether `method` is POST as a lenient server may read it: in any case (`post` is another
+/// method to HTTP, and to the proxy's router, but not to every upstream).
+fn is_post(method: &Method) -> bool {
+    method.as_str().eq_ignore_ascii_case("POST")
 }
 
 /// The segments of a decoded path as a lenient server may route them: empty ones left out, each
@@ -309,6 +315,7 @@ mod tests {
             assert!(check_path(&Method::GET, path).is_err(), "{path}");
         }
         for path in [
+            "/v1/chat/completions",
             "/v1/chat/completions/",
             "/v1//chat/completions",
             "/v1/chat/%63ompletions",
@@ -321,6 +328,8 @@ mod tests {
             "/v1/responses;v=1/",
         ] {
             assert!(check_path(&Method::POST, path).is_err(), "{path}");
+            let lower = Method::from_bytes(b"post").unwrap();
+            assert!(check_path(&lower, path).is_err(), "post {path}");
             assert!(check_path(&Method::GET, path).is_ok(), "{path}");
         }
         for path in [

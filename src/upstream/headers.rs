@@ -74,10 +74,20 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
             continue;
         }
         // Nor does the client's key go on (SPEC 2) under another name: the key headers of
-        // other APIs (Azure's `api-key`, `x-api-key`), or any header that carries it.
-        if replaced
-            && (is_key_header(name) || client_key.is_some_and(|key| carries(value.as_bytes(), key)))
-        {
+        // other APIs (Azure's `api-key`, `x-api-key`), or any header that carries it, in its
+        // name or its value. A browser's WebSocket subprotocols lose only the one carrying it.
+        if replaced && let Some(key) = client_key {
+            if name == header::SEC_WEBSOCKET_PROTOCOL {
+                if let Some(kept) = without_key_items(value, key) {
+                    out.append(name.clone(), kept);
+                }
+                continue;
+            }
+            if carries(name.as_str().as_bytes(), key) || carries(value.as_bytes(), key) {
+                continue;
+            }
+        }
+        if replaced && is_key_header(name) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -137,6 +147,12 @@ fn is_account_header(name: &HeaderName) -> bool {
     matches!(name.as_str(), "openai-organization" | "openai-project")
 }
 
+/// A query component as a server reading form encoding sees it: `+` a space, `%XX` its byte.
+fn form_decoded(component: &str) -> Vec<u8> {
+    let spaced = component.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced).collect()
+}
+
 /// Headers other APIs take a key in.
 fn is_key_header(name: &HeaderName) -> bool {
     matches!(name.as_str(), "api-key" | "x-api-key")
@@ -157,9 +173,23 @@ fn carries(value: &[u8], key: &[u8]) -> bool {
     value.windows(key.len()).any(|w| w == key)
 }
 
+/// A comma-separated header value without the items that carry `key`; `None` when none is left.
+fn without_key_items(value: &HeaderValue, key: &[u8]) -> Option<HeaderValue> {
+    let kept: Vec<&[u8]> = value
+        .as_bytes()
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|item| !item.is_empty() && !carries(item, key))
+        .collect();
+    HeaderValue::from_bytes(&kept.join(&b", "[..]))
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
 /// The client's query as it goes upstream. A keyed tenant's client key does not go on in it
-/// either (SPEC 2): a parameter named as a key (`api-key`, `api_key`) or whose value
-/// carries the client's key is left out. Otherwise the query goes as it came.
+/// either (SPEC 2): a parameter named as a key (`api-key`, `api_key`) or whose name or value
+/// carries the client's key (percent- and form-decoded) is left out. Otherwise the query goes
+/// as it came.
 pub fn query_to_upstream(
     query: Option<&str>,
     client: &HeaderMap,
@@ -174,10 +204,13 @@ pub fn query_to_upstream(
         .split('&')
         .filter(|pair| {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
-            let value: Vec<u8> = percent_encoding::percent_decode_str(value).collect();
-            let named_as_key = matches!(name.to_ascii_lowercase().as_str(), "api-key" | "api_key");
-            !named_as_key && !client_key.is_some_and(|key| carries(&value, key))
+            let (name, value) = (form_decoded(name), form_decoded(value));
+            let named_as_key = matches!(
+                name.to_ascii_lowercase().as_slice(),
+                b"api-key" | b"api_key"
+            );
+            !named_as_key
+                && !client_key.is_some_and(|key| carries(&name, key) || carries(&value, key))
         })
         .collect();
     (!kept.is_empty()).then(|| kept.join("&"))
@@ -305,6 +338,12 @@ mod tests {
             Some("api-version=2024-10-21")
         );
         assert_eq!(query_to_upstream(Some("api-key=x"), &msg, &keyed), None);
+        // As a name, a bare item, or with form-encoded spaces around it (the final audit's).
+        let query = Some("sk-client-secret&sk-client-secret=1&api-version=2");
+        assert_eq!(
+            query_to_upstream(query, &msg, &keyed).as_deref(),
+            Some("api-version=2")
+        );
         assert_eq!(
             query_to_upstream(query, &msg, &UpstreamAuth::Forward).as_deref(),
             query
@@ -324,6 +363,31 @@ mod tests {
         assert_eq!(keyed["user-agent"], "myapp/1.0");
         assert_eq!(keyed["x-trace"], "abc1def");
         assert!(keyed.get("x-echo").is_none());
+        let auth = UpstreamAuth::Replace(Some("sk-op".into()));
+        assert_eq!(
+            query_to_upstream(Some("q=+1&r=1+&s=2"), &msg, &auth).as_deref(),
+            Some("s=2")
+        );
+    }
+
+    /// A keyed tenant's key in a header's name goes nowhere either; a browser's WebSocket
+    /// subprotocols lose only the one that carries it (the final audit's cases).
+    #[test]
+    fn a_key_in_a_header_name_or_a_subprotocol_does_not_go_on() {
+        let msg = headers(&[
+            ("authorization", "Bearer sk-client-secret"),
+            ("x-sk-client-secret", "1"),
+            (
+                "sec-websocket-protocol",
+                "realtime, openai-insecure-api-key.sk-client-secret, openai-beta.realtime-v1",
+            ),
+        ]);
+        let keyed = to_upstream(&msg, &UpstreamAuth::Replace(Some("sk-op".into())), false);
+        assert!(keyed.get("x-sk-client-secret").is_none());
+        assert_eq!(
+            keyed["sec-websocket-protocol"],
+            "realtime, openai-beta.realtime-v1"
+        );
     }
 
     #[test]
