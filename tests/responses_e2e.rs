@@ -418,21 +418,24 @@ async fn a_response_id_is_continued_only_with_the_key_that_made_it() {
 /// none of them continues another's response by its id.
 #[tokio::test]
 async fn a_response_id_is_kept_from_clients_with_other_credentials() {
+    type Credential = &'static [(&'static str, &'static str)];
     let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
     let url = format!("{}/responses", proxy.base_url());
-    let first_id = |headers: &'static [(&'static str, &'static str)]| {
-        let mut req = client()
-            .post(&url)
-            .json(&json!({"model": "m", "input": "secret"}));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
+    // Sends `body` with `credential`; returns the body the mock received.
+    let send = |credential: Credential, body: Value| {
+        let req = credential
+            .iter()
+            .fold(client().post(&url).json(&body), |req, (k, v)| {
+                req.header(*k, *v)
+            });
+        let mock = &mock;
         async move {
-            let v: Value = req.send().await.unwrap().json().await.unwrap();
-            v["id"].as_str().unwrap().to_string()
+            let resp = req.send().await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let answer: Value = resp.json().await.unwrap();
+            (answer, mock.requests().last().unwrap().body_json().unwrap())
         }
     };
-    type Credential = &'static [(&'static str, &'static str)];
     let cases: [(Credential, Credential); 4] = [
         (&[("api-key", "azure-one")], &[("api-key", "azure-two")]),
         (
@@ -443,29 +446,15 @@ async fn a_response_id_is_kept_from_clients_with_other_credentials() {
         (&[("authorization", "Bearer sk-one")], &[]),
     ];
     for (made_by, asked_by) in cases {
-        let id = first_id(made_by).await;
-        let mut req = client()
-            .post(&url)
-            .json(&json!({"model": "m", "input": "next", "previous_response_id": id}));
-        for (k, v) in asked_by {
-            req = req.header(*k, *v);
-        }
-        assert_eq!(req.send().await.unwrap().status(), 200);
-        let sent = mock.requests().last().unwrap().body_json().unwrap();
+        let (first, _) = send(made_by, json!({"model": "m", "input": "secret"})).await;
+        let next = json!({"model": "m", "input": "next", "previous_response_id": first["id"]});
+        let (_, sent) = send(asked_by, next.clone()).await;
         assert_eq!(
-            sent["previous_response_id"],
-            json!(id),
+            sent["previous_response_id"], first["id"],
             "{made_by:?} {asked_by:?}: {sent}"
         );
         // The same credential continues it.
-        let mut req = client()
-            .post(&url)
-            .json(&json!({"model": "m", "input": "next", "previous_response_id": id}));
-        for (k, v) in made_by {
-            req = req.header(*k, *v);
-        }
-        assert_eq!(req.send().await.unwrap().status(), 200);
-        let sent = mock.requests().last().unwrap().body_json().unwrap();
+        let (_, sent) = send(made_by, next).await;
         assert!(
             sent.get("previous_response_id").is_none(),
             "{made_by:?}: {sent}"
