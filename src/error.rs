@@ -28,7 +28,7 @@ pub enum Error {
         param: &'static str,
         /// What the pipeline did before it gave up (SPEC 5.3: every request record stores the
         /// report, a refused one too); its token counts go back in the answer's headers.
-        report: Option<Box<crate::context::Report>>,
+        report: Box<crate::context::Report>,
     },
     /// No tenant accepts the presented key (or none was presented).
     #[error("Incorrect API key provided")]

@@ -383,15 +383,8 @@ async fn a_response_id_is_continued_only_with_the_key_that_made_it() {
     let input = json!([{"role": "user", "content": "what did I say?"}]);
     let body = json!({"model": "m", "input": input, "previous_response_id": first["id"]});
 
-    let resp = client()
-        .post(proxy.url("/ctxproxy/v1/preview/responses"))
-        .bearer_auth("sk-bob")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let previewed: Value = resp.json().await.unwrap();
+    let (status, previewed) = preview(&proxy, "sk-bob", &body).await;
+    assert_eq!(status, 200);
     assert_eq!(previewed["input"], input, "{previewed}");
 
     let resp = post("sk-bob", &body).await.unwrap();

@@ -344,7 +344,7 @@ impl<'a> Early<'a> {
                 window: input.model.context_window,
                 needed: tokens_out,
                 param: crate::error::CONVERSATION_PARAM,
-                report: Some(Box::new(std::mem::take(&mut work.report))),
+                report: Box::new(std::mem::take(&mut work.report)),
             });
         }
         Ok(work.into_plan())

@@ -141,11 +141,7 @@ impl IntoResponse for Error {
         );
         // A conversation refused as too long still says how long it was, and how long after
         // every rewrite, as an answered one does.
-        if let Error::ContextLengthExceeded {
-            report: Some(report),
-            ..
-        } = &self
-        {
+        if let Error::ContextLengthExceeded { report, .. } = &self {
             headers.insert(TOKENS_IN_HEADER, HeaderValue::from(report.tokens_in));
             headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(report.tokens_out));
         }

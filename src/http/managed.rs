@@ -463,21 +463,18 @@ async fn prepare(
             // A stream still running may hold it (announced): waited for as long as a session
             // is, no longer; then the id is looked up as it stands.
             let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(id))).await;
+            let named =
+                session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
+            let named = named.as_ref().map(|(n, _)| n.as_str());
             let found = match store.find_response(&tenant.name, id).await? {
                 Some(found) => Some(found),
-                None => {
-                    once_the_named_session_is_free(state, tenant, headers, &call, id, wait).await?
-                }
+                None => once_the_named_session_is_free(state, tenant, named, id, wait).await?,
             };
             // Another key's response is unknown to this request, unless the request names its
             // session (which gives it the session's history anyway): it goes upstream as it
             // came, for the provider to answer as it would (the id is its account's, or not).
-            let named =
-                session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
             let key = scope.key_hash.as_deref();
-            found.filter(|f| {
-                f.belongs_to(key) || named.as_ref().is_some_and(|(n, _)| *n == f.session)
-            })
+            found.filter(|f| f.belongs_to(key) || named == Some(f.session.as_str()))
         }
         None => None,
     };
@@ -631,11 +628,7 @@ async fn prepare(
             // Refused with the turn already stored (e.g. over the model's context window): the
             // record says so, as for any request that reached the store, and frees the session.
             // Its report is what the pipeline did before it gave up.
-            if let Error::ContextLengthExceeded {
-                report: Some(report),
-                ..
-            } = &e
-            {
+            if let Error::ContextLengthExceeded { report, .. } = &e {
                 completion.report = Some(Report::clone(report));
             }
             completion.finish(e.classify().0, None, None).await;
@@ -668,16 +661,13 @@ pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
 async fn once_the_named_session_is_free(
     state: &AppState,
     tenant: &Tenant,
-    headers: &HeaderMap,
-    call: &Call,
+    named: Option<&str>,
     id: &str,
     wait: Duration,
 ) -> Result<Option<crate::store::ResponseRef>> {
-    let named = session::resolve::named_session(tenant, headers, call.metadata_session_id())?;
-    let Some((session, _)) = named else {
+    let Some(session) = named else {
         return Ok(None);
     };
-    let session = session.as_str();
     let store = state.store.as_ref();
     if store.get_session(&tenant.name, session).await?.is_none() {
         return Ok(None);

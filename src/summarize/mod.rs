@@ -195,6 +195,7 @@ pub async fn prepare(
         history_tokens = plan.history_tokens,
         "summary due"
     );
+    let covered = covered(&entries, &plan);
     let job = Job {
         state: state.clone(),
         tenant: tenant.clone(),
@@ -202,8 +203,8 @@ pub async fn prepare(
         leaf,
         based_on: prepared.latest_id,
         previous: prepared.applied.as_ref().map(|s| s.text.clone()),
-        messages: covered(&entries, &plan),
-        replaces_tokens: previous_tokens + covered_tokens(&entries, &plan),
+        messages: covered.iter().map(|e| e.message.clone()).collect(),
+        replaces_tokens: previous_tokens + covered.iter().map(|e| e.tokens).sum::<u64>(),
         anchor,
         encoding,
         authorization: authorization(tenant, headers),
@@ -227,25 +228,14 @@ pub async fn prepare(
     prepared
 }
 
-/// The messages a plan folds in, as steps 1–4 left them: instructions stay in every request,
+/// The entries a plan folds in, as steps 1–4 left them: instructions stay in every request,
 /// so they are not summarised.
-fn covered(entries: &[Entry<'_>], plan: &SummaryPlan) -> Vec<Message> {
+fn covered<'e, 'm>(entries: &'e [Entry<'m>], plan: &SummaryPlan) -> Vec<&'e Entry<'m>> {
     entries
         .iter()
         .filter(|e| (plan.from..=plan.until).contains(&e.index))
         .filter(|e| !e.message.role.is_instruction())
-        .map(|e| e.message.clone())
         .collect()
-}
-
-/// The tokens of the messages [`covered`] returns, as the request counted them.
-fn covered_tokens(entries: &[Entry<'_>], plan: &SummaryPlan) -> u64 {
-    entries
-        .iter()
-        .filter(|e| (plan.from..=plan.until).contains(&e.index))
-        .filter(|e| !e.message.role.is_instruction())
-        .map(|e| e.tokens)
-        .sum()
 }
 
 /// The Authorization the summariser call sends: the tenant's key, or for `keys: any` (nothing

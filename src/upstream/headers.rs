@@ -76,6 +76,9 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         // Nor does the client's key go on (SPEC 2) under another name: the key headers of
         // other APIs (Azure's `api-key`, `x-api-key`), or any header that carries it, in its
         // name or its value. A browser's WebSocket subprotocols lose only the one carrying it.
+        if replaced && KEY_HEADERS.contains(&name.as_str()) {
+            continue;
+        }
         if replaced && let Some(key) = client_key {
             if name == header::SEC_WEBSOCKET_PROTOCOL {
                 if let Some(kept) = without_key_items(value, key) {
@@ -86,9 +89,6 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
             if carries(name.as_str().as_bytes(), key) || carries(value.as_bytes(), key) {
                 continue;
             }
-        }
-        if replaced && is_key_header(name) {
-            continue;
         }
         out.append(name.clone(), value.clone());
     }
@@ -153,10 +153,8 @@ fn form_decoded(component: &str) -> Vec<u8> {
     percent_encoding::percent_decode_str(&spaced).collect()
 }
 
-/// Headers other APIs take a key in.
-fn is_key_header(name: &HeaderName) -> bool {
-    matches!(name.as_str(), "api-key" | "x-api-key")
-}
+/// Headers other APIs take a key in (Azure's `api-key`, and `x-api-key`).
+const KEY_HEADERS: [&str; 2] = ["api-key", "x-api-key"];
 
 /// Whether a header or query value carries the client's key: holds it, for a key long enough
 /// not to turn up by chance (provider keys are dozens of characters), or is it (an odd short
@@ -222,8 +220,8 @@ pub fn query_to_upstream(
 pub fn client_credential(headers: &HeaderMap) -> Option<&str> {
     bearer(headers)
         .or_else(|| {
-            [header::AUTHORIZATION.as_str(), "api-key", "x-api-key"]
-                .into_iter()
+            std::iter::once(header::AUTHORIZATION.as_str())
+                .chain(KEY_HEADERS)
                 .find_map(|name| headers.get(name)?.to_str().ok())
                 .map(str::trim)
         })
