@@ -200,6 +200,42 @@ fn a_covered_result_is_reported_removed_not_compressed() {
     assert_eq!(compressed, uncovered);
 }
 
+/// Entries made by different steps come out in one order, by index, and a result shortened
+/// by step 4 that the budget then drops is reported as removed only.
+#[test]
+fn report_lists_are_in_index_order_and_name_a_message_once() {
+    let msgs = weather();
+    let steps = json!({"tool_call_window": {"max": 3}, "compress_tool_output": {"max_tokens": 3}});
+    let unbudgeted = rewrite(&msgs, &policy(steps.clone()));
+    let full = unbudgeted.report.tokens_out;
+    let mut p = steps;
+    p["token_budget"] = json!({"max_tokens": full * 2 / 3});
+    let out = rewrite(&msgs, &policy(p));
+    let reasons: Vec<RemoveReason> = out.report.removed.iter().map(|r| r.reason).collect();
+    assert!(
+        reasons.contains(&RemoveReason::ToolCallWindow),
+        "{reasons:?}"
+    );
+    assert!(reasons.contains(&RemoveReason::TokenBudget), "{reasons:?}");
+    let removed: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+    assert!(removed.is_sorted(), "{removed:?}");
+    let compressed: Vec<usize> = out.report.compressed.iter().map(|c| c.index).collect();
+    let shortened_then_dropped: Vec<usize> = unbudgeted
+        .report
+        .compressed
+        .iter()
+        .map(|c| c.index)
+        .filter(|i| removed.contains(i))
+        .collect();
+    assert!(!shortened_then_dropped.is_empty(), "{removed:?}");
+    assert!(!compressed.is_empty());
+    assert!(
+        compressed.iter().all(|i| !removed.contains(i)),
+        "{compressed:?} {removed:?}"
+    );
+    assert!(compressed.is_sorted(), "{compressed:?}");
+}
+
 #[test]
 fn summary_is_kept_by_the_budget() {
     let msgs = weather();

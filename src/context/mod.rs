@@ -336,6 +336,7 @@ impl<'a> Early<'a> {
             );
         }
         repair::apply(&mut work, &repair);
+        work.settle_report();
 
         let tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
         work.report.tokens_out = tokens_out;

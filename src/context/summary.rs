@@ -8,8 +8,6 @@
 //! and its results, the whole segment is kept (a little duplicated context is better than a
 //! broken pair). Instruction messages are never removed.
 
-use std::collections::HashSet;
-
 use serde::{Deserialize, Serialize};
 
 use super::policy::SummaryPolicy;
@@ -66,18 +64,6 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
     work.remove_where(RemoveReason::Summary, |pos, item| {
         pos >= lead && pos < cut && !item.msg.role.is_instruction()
     });
-    // A result step 4 shortened and the summary then took out is not sent at all: it is
-    // reported as removed only, not also as compressed.
-    let covered: HashSet<usize> = work
-        .report
-        .removed
-        .iter()
-        .filter(|r| r.reason == RemoveReason::Summary)
-        .map(|r| r.index)
-        .collect();
-    work.report
-        .compressed
-        .retain(|c| !covered.contains(&c.index));
     let msg = summary.message();
     let tokens = work.count(&msg);
     work.items.insert(

@@ -161,6 +161,29 @@ impl<'a> Work<'a> {
         }
         self.items.truncate(write);
     }
+
+    /// Puts the report in the order a reader expects, whatever step made each entry: every list
+    /// by index (stable, so an index two steps named keeps their order), and a result that was
+    /// shortened and then taken out by a later step (summary, budget, repair) reported as
+    /// removed only, since it is not sent at all.
+    pub fn settle_report(&mut self) {
+        let report = &mut self.report;
+        report.removed.sort_by_key(|r| r.index);
+        report.repaired.sort_by_key(|r| r.index);
+        report.compressed.sort_by_key(|c| c.index);
+        if report.compressed.is_empty() {
+            return;
+        }
+        let mut sent = vec![false; self.given.len()];
+        for index in self.items.iter().filter_map(|i| i.index) {
+            if let Some(s) = sent.get_mut(index) {
+                *s = true;
+            }
+        }
+        report
+            .compressed
+            .retain(|c| sent.get(c.index).copied().unwrap_or(false));
+    }
 }
 
 /// Tokens of `m` as sent. With `text_apart_from_calls`, an assistant message with both text and
