@@ -216,16 +216,16 @@ pub fn query_to_upstream(
 
 /// The credential a client presents, however it does: the bearer token, else the whole
 /// `Authorization` value (another scheme), else an `api-key` (Azure) or `x-api-key` header.
-/// What tells one client of a `keys: any` tenant from another.
+/// What tells one client of a `keys: any` tenant from another. An empty one (`Bearer ` with
+/// no token, an empty header) presents nothing, so it is passed over like a missing one.
 pub fn client_credential(headers: &HeaderMap) -> Option<&str> {
-    bearer(headers)
-        .or_else(|| {
-            std::iter::once(header::AUTHORIZATION.as_str())
-                .chain(KEY_HEADERS)
-                .find_map(|name| headers.get(name)?.to_str().ok())
-                .map(str::trim)
-        })
-        .filter(|c| !c.is_empty())
+    bearer(headers).or_else(|| {
+        std::iter::once(header::AUTHORIZATION.as_str())
+            .chain(KEY_HEADERS)
+            .filter_map(|name| headers.get(name)?.to_str().ok())
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("bearer"))
+    })
 }
 
 /// The bearer token of an Authorization header, if any.
@@ -251,6 +251,26 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn an_empty_credential_is_no_credential_however_it_is_sent() {
+        for empty in [
+            &[("authorization", "Bearer ")][..],
+            &[("authorization", "bearer")],
+            &[("authorization", "")],
+            &[("api-key", " ")],
+            &[("x-api-key", "")],
+            &[],
+        ] {
+            assert_eq!(client_credential(&headers(empty)), None, "{empty:?}");
+        }
+        let behind_empty_bearer = headers(&[("authorization", "Bearer "), ("api-key", "k1")]);
+        assert_eq!(client_credential(&behind_empty_bearer), Some("k1"));
+        let other_scheme = headers(&[("authorization", "Basic dXNlcg==")]);
+        assert_eq!(client_credential(&other_scheme), Some("Basic dXNlcg=="));
+        let bearer_first = headers(&[("authorization", "Bearer sk-1"), ("api-key", "k1")]);
+        assert_eq!(client_credential(&bearer_first), Some("sk-1"));
     }
 
     #[test]
