@@ -153,6 +153,44 @@ fn reasoning_moves_to_the_next_kept_call_of_its_turn() {
     assert_eq!(sent[rs1 + 1]["call_id"], "c2");
 }
 
+/// Calls each led by a reasoning item of its own, in one turn: the reasoning of a call that
+/// goes goes with it (SPEC 7), and does not move on to a later call that has its own.
+#[test]
+fn reasoning_of_a_dropped_call_goes_with_it_when_the_next_call_has_its_own() {
+    let items = vec![
+        json!({"role": "user", "content": "q1"}),
+        json!({"type": "reasoning", "id": "rs_a", "summary": [{"type": "summary_text", "text": "a"}]}),
+        json!({"type": "function_call", "call_id": "a", "name": "debug", "arguments": "{}"}),
+        json!({"type": "reasoning", "id": "rs_b", "summary": [{"type": "summary_text", "text": "b"}]}),
+        json!({"type": "function_call", "call_id": "b", "name": "search", "arguments": "{}"}),
+        json!({"type": "function_call_output", "call_id": "a", "output": "A"}),
+        json!({"type": "function_call_output", "call_id": "b", "output": "B"}),
+        json!({"role": "user", "content": "now"}),
+    ];
+    let conv = ItemMessages::new(None, &items);
+    for (policy, reason) in [
+        (
+            json!({"tool_filter": {"exclude": ["debug"]}}),
+            RemoveReason::ToolFilter,
+        ),
+        (
+            json!({"tool_call_window": {"max": 1}}),
+            RemoveReason::ToolCallWindow,
+        ),
+    ] {
+        let out = rewrite(&conv, policy);
+        let sent = to_items(&out.messages);
+        check_items(&sent).unwrap();
+        let expected: Vec<Value> = [0, 3, 4, 6, 7].map(|k| items[k].clone()).into();
+        assert_eq!(sent, expected, "{reason:?}");
+        let report = item_report(&conv, &items, &out);
+        assert_eq!(
+            removed(&report),
+            expect(&[(1, "assistant"), (2, "assistant"), (5, "tool")], reason)
+        );
+    }
+}
+
 #[test]
 fn compressed_output_keeps_the_item_and_its_fields() {
     let big = (0..400)

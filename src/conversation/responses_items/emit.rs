@@ -1,8 +1,9 @@
 //! Messages back to Responses input items. A message the pipeline left alone is its original
 //! items, verbatim. A call turn that lost calls keeps only the kept calls' original items, each
-//! with the reasoning that led it (reasoning that led a dropped call moves on to the next kept
-//! call of the turn, since the provider wants reasoning followed by its turn's output, and
-//! goes when no call of the turn is left). A compressed result is its original item with
+//! with the reasoning that led it. Reasoning leads the calls after it up to the next reasoning
+//! (parallel calls share one): it stays while one of them is sent, since the provider wants a
+//! sent call's reasoning before it, and goes with them when none is (SPEC 7: dropped with its
+//! call; the provider refuses reasoning without the item it led). A compressed result is its original item with
 //! `output` replaced. Messages the pipeline made (repair's `[no result recorded]`, a summary)
 //! are written fresh; a result made for a custom tool's call is a `custom_tool_call_output`, as
 //! the provider wants it.
@@ -64,7 +65,8 @@ fn from_originals(m: &Message, items: &[Value], out: &mut Vec<Value>) {
 
 /// A call turn: text a step added (placeholder lines) first, as an assistant message item of its
 /// own (which the pipeline counts as such: `PipelineInput::text_apart_from_calls`), then each
-/// kept call's original item with the reasoning items that led it or a dropped call before it.
+/// kept call's original item with the reasoning items that led it or a dropped call of its
+/// group before it.
 fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
     if m.has_content() {
         out.push(json!({"type": "message", "role": "assistant", "content": m.content}));
@@ -76,12 +78,22 @@ fn call_turn(m: &Message, items: &[Value], out: &mut Vec<Value>) {
         .filter_map(|c| c.extra.get(CALL_ITEM_KEY).and_then(Value::as_u64))
         .collect();
     let mut pending: Vec<&Value> = Vec::new();
+    let mut after_call = false;
     for (k, item) in items.iter().enumerate() {
         if kind(item) != Kind::Call {
+            // Reasoning after a call leads the calls after it: what led the calls before it, if
+            // none of them is sent, goes with them.
+            if after_call {
+                pending.clear();
+            }
+            after_call = false;
             pending.push(item);
         } else if kept.contains(&(k as u64)) {
+            after_call = true;
             out.extend(pending.drain(..).cloned());
             out.push(item.clone());
+        } else {
+            after_call = true;
         }
     }
 }

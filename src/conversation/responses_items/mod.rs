@@ -13,7 +13,7 @@
 //! - `function_call_output` (or `custom_tool_call_output`) becomes a `tool` message answering
 //!   `call_id`.
 //! - `reasoning` items travel with the item that follows them: inside a run of calls they lead
-//!   the call after them and are dropped with it (see [`emit`]).
+//!   the calls after them up to the next reasoning, and are dropped with them (see [`emit`]).
 //! - Every other item (`web_search_call`, `item_reference`, types not yet invented, …) becomes an
 //!   opaque message with role `item:<type>` and no content: no step removes or changes such a
 //!   message except the token budget, which drops old history whole turns at a time.
@@ -223,21 +223,30 @@ impl ItemMessages {
                 }
             }
         }
-        // Reasoning leads the next call of its turn that is sent (see `emit`); with none left
-        // after it, it goes with the call that follows it.
+        // Reasoning leads the calls after it up to the next reasoning (see `emit`): it is sent
+        // while one of them is, else it goes with the call that follows it.
         for turn in turns {
             let mut kept_after = false;
             let mut next: Option<Fate> = None;
+            let mut after_reasoning = false;
             for k in turn.rev() {
                 match self.kinds[k] {
                     Kind::Call => {
+                        if after_reasoning {
+                            // The calls after this reasoning were another's group.
+                            kept_after = false;
+                            after_reasoning = false;
+                        }
                         kept_after |= fate[k].is_none();
                         next = fate[k];
                     }
-                    Kind::Reasoning if !kept_after && fate[k].is_none() => {
-                        fate[k] = next;
-                        if let Some(Fate::Repaired(kind)) = next {
-                            repaired.push(Repaired { index: k, kind });
+                    Kind::Reasoning => {
+                        after_reasoning = true;
+                        if !kept_after && fate[k].is_none() {
+                            fate[k] = next;
+                            if let Some(Fate::Repaired(kind)) = next {
+                                repaired.push(Repaired { index: k, kind });
+                            }
                         }
                     }
                     _ => {}
