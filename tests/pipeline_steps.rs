@@ -126,6 +126,27 @@ fn filter_placeholder_leaves_a_line_per_removed_call() {
     check_valid(&out.messages).unwrap();
 }
 
+/// Placeholders count what is sent: lines in a message the budget then drops are not.
+#[test]
+fn placeholders_in_messages_the_budget_drops_are_not_counted() {
+    let msgs = messages(&fixture("tool_removal.json"));
+    let filter = json!({"exclude": ["search_web"], "placeholder": true});
+    let out = rewrite(&msgs, &policy(json!({"tool_filter": filter})));
+    assert_eq!(out.report.placeholders, 2);
+    let out = rewrite(
+        &msgs,
+        &policy(json!({"tool_filter": filter, "token_budget": {"max_tokens": 1}})),
+    );
+    let dropped: Vec<usize> = out.report.removed.iter().map(|r| r.index).collect();
+    assert!(dropped.contains(&8) && dropped.contains(&11), "{dropped:?}");
+    assert_eq!(out.report.placeholders, 0);
+    assert!(
+        !out.messages
+            .iter()
+            .any(|m| m.text_content().contains("omitted"))
+    );
+}
+
 #[test]
 fn tool_access_scrubs_history_calls_to_tools_not_offered() {
     let msgs = messages(&fixture("tool_removal.json"));

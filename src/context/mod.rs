@@ -252,6 +252,7 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
             index: Some(index),
             tokens,
             history: index < history_end,
+            placeholders: 0,
         })
         .collect();
     let mut work = Work {

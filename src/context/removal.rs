@@ -80,7 +80,6 @@ pub(crate) fn remove_calls(
     let apart = work.text_apart_from_calls;
     let given = work.given;
     let mut changes = Vec::new();
-    let mut placeholders = 0u64;
     for Losing { pos, calls } in losing {
         let item = &mut work.items[pos];
         let doomed_here = &gone_calls[calls];
@@ -99,7 +98,7 @@ pub(crate) fn remove_calls(
         let msg = item.msg.to_mut();
         let names = take_calls(msg, doomed_here);
         if placeholder {
-            placeholders += names.len() as u64;
+            item.placeholders += names.len() as u32;
             let lines: Vec<String> = names
                 .iter()
                 .map(|n| format!("[tool call omitted: {n}]"))
@@ -115,7 +114,6 @@ pub(crate) fn remove_calls(
         }
         item.tokens = sent_tokens(encoding, apart, msg);
     }
-    work.report.placeholders += placeholders;
     work.calls.extend(changes);
     work.remove_marked(reason, &drop_pos);
 }

@@ -55,7 +55,6 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
 
     let mut out: Vec<Item<'_>> = Vec::with_capacity(n);
     let mut changes = Vec::new();
-    let mut placeholders = 0u64;
     let mut items: Vec<Option<Item<'_>>> = items.into_iter().map(Some).collect();
     for pos in 0..n {
         let Some(mut item) = items[pos].take() else {
@@ -127,12 +126,12 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                 for id in missing {
                     let msg = no_result_message(&id);
                     let tokens = work.count(&msg);
-                    placeholders += 1;
                     out.push(Item {
                         msg: Msg::owned(msg),
                         index: None,
                         tokens,
                         history,
+                        placeholders: 1,
                     });
                 }
             }
@@ -149,7 +148,6 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
         }
     }
 
-    work.report.placeholders += placeholders;
     work.calls.extend(changes);
     work.items = out;
     // Positions above are into the working copy; the report speaks in original indices.

@@ -73,6 +73,7 @@ pub(crate) fn apply(work: &mut Work<'_>, summary: &StoredSummary) {
             index: None,
             tokens,
             history: true,
+            placeholders: 0,
         },
     );
     work.report.summary = SummaryUse {

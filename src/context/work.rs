@@ -84,6 +84,9 @@ pub(crate) struct Item<'a> {
     /// Before the last `user` message (steps 2–6 may change it). By position only: a late
     /// result of a history call that sits in the current turn is not history.
     pub history: bool,
+    /// Placeholder texts the pipeline put in this message (report: `placeholders`, counted
+    /// over what is sent).
+    pub placeholders: u32,
 }
 
 impl Item<'_> {
@@ -165,9 +168,10 @@ impl<'a> Work<'a> {
     /// Puts the report in the order a reader expects, whatever step made each entry: every list
     /// by index (stable, so an index two steps named keeps their order), and a result that was
     /// shortened and then taken out by a later step (summary, budget, repair) reported as
-    /// removed only, since it is not sent at all.
+    /// removed only, since it is not sent at all; likewise placeholders count what is sent.
     pub fn settle_report(&mut self) {
         let report = &mut self.report;
+        report.placeholders = self.items.iter().map(|i| u64::from(i.placeholders)).sum();
         report.removed.sort_by_key(|r| r.index);
         report.repaired.sort_by_key(|r| r.index);
         report.compressed.sort_by_key(|c| c.index);
