@@ -568,6 +568,7 @@ async fn upstream_down_is_502() {
             .await
             .unwrap();
         assert_eq!(resp.status(), 502);
+        assert_token_headers(&resp);
         let v: Value = resp.json().await.unwrap();
         let err = assert_openai_error(&v);
         assert_eq!(err["type"], "upstream_error");
@@ -595,8 +596,20 @@ async fn upstream_timeout_is_504() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 504);
+    assert_token_headers(&resp);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(assert_openai_error(&v)["code"], "upstream_timeout");
+}
+
+/// The proxy's own answer after the pipeline ran (502, 504) says what it would have sent, as
+/// an answered request does (SPEC 3: headers added to managed routes).
+fn assert_token_headers(resp: &reqwest::Response) {
+    for name in ["x-ctxproxy-tokens-in", "x-ctxproxy-tokens-out"] {
+        let value = resp.headers().get(name).and_then(|v| v.to_str().ok());
+        let tokens: u64 = value.and_then(|v| v.parse().ok()).unwrap_or(0);
+        assert!(tokens > 0, "{name}: {value:?}");
+    }
+    assert!(resp.headers().contains_key("x-ctxproxy-session"));
 }
 
 /// A request that cannot get its session within the tenant's timeout (another request holds

@@ -118,6 +118,7 @@ async fn run(
         started: Instant::now(),
         upstream: None,
         session: None,
+        tokens: None,
         summary_wait: Duration::ZERO,
     };
     // Tracked, so that shutdown waits (within its grace) for the work of a request whose client
@@ -191,6 +192,9 @@ struct AccessLog {
     /// The session, once resolved: every answer from then on names it, errors included (the
     /// request's messages are stored under it by then).
     session: Option<String>,
+    /// Tokens in and out (the report's), once the pipeline has run: every answer from then on
+    /// carries them, the proxy's own errors (502, 504) included.
+    tokens: Option<(u64, u64)>,
     /// Time spent waiting on a blocking summary: an upstream call, so not overhead.
     summary_wait: Duration,
 }
@@ -254,8 +258,13 @@ async fn handle(
             response
         }
     };
+    let headers = response.headers_mut();
     if let Some(v) = log.session.and_then(|s| HeaderValue::from_str(&s).ok()) {
-        response.headers_mut().insert(SESSION_HEADER, v);
+        headers.insert(SESSION_HEADER, v);
+    }
+    if let Some((tokens_in, tokens_out)) = log.tokens {
+        headers.insert(TOKENS_IN_HEADER, HeaderValue::from(tokens_in));
+        headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(tokens_out));
     }
     response
 }
@@ -696,6 +705,7 @@ async fn send(
         report,
     } = prepared;
     let tenant = &selected.tenant;
+    log.tokens = report.as_ref().map(|r| (r.tokens_in, r.tokens_out));
     let up = &tenant.file.upstream;
     let timeout = Duration::from_secs(up.timeout_s);
     let client = state
@@ -741,11 +751,7 @@ async fn send(
         crate::metrics::tokens(&tenant.name, r.tokens_in, r.tokens_out);
     }
     let status = resp.status();
-    let mut resp_headers = headers::to_client(resp.headers(), headers::Length::Drop, &auth);
-    if let Some(r) = &report {
-        resp_headers.insert(TOKENS_IN_HEADER, HeaderValue::from(r.tokens_in));
-        resp_headers.insert(TOKENS_OUT_HEADER, HeaderValue::from(r.tokens_out));
-    }
+    let resp_headers = headers::to_client(resp.headers(), headers::Length::Drop, &auth);
     let is_sse = is_event_stream(resp.headers().get(header::CONTENT_TYPE));
 
     if status.is_success() && call.is_stream() && is_sse {
