@@ -57,8 +57,10 @@ pub async fn list_sessions(
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
     let Query(mut q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
-    // `?tenant=` (a form's empty field) names no tenant: every tenant's sessions, as without it.
+    // An empty field (`?tenant=&after=`, as a form sends it) is as if it were not there.
     q.tenant = q.tenant.filter(|t| !t.is_empty());
+    q.limit = q.limit.filter(|l| !l.is_empty());
+    q.after = q.after.filter(|a| !a.is_empty());
     let limit = match q.limit.as_deref() {
         None => 50,
         Some(v) => v

@@ -99,6 +99,19 @@ async fn session_list_pages_by_next_cursor_and_by_last_session_id(b: Backend) {
     .await;
     assert_eq!(by_id, newest_first);
 
+    // Empty fields, as a form sends them, are as if absent.
+    let (status, page) = proxy
+        .admin_get("/ctxproxy/v1/sessions?tenant=&limit=&after=")
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let ids: Vec<&str> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, newest_first);
+
     let (status, page) = proxy.admin_get("/ctxproxy/v1/sessions?after=page-0").await;
     assert_eq!(status, 200, "{page}");
     assert_eq!(page["data"], json!([]), "nothing is older than the oldest");
