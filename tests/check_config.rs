@@ -277,6 +277,23 @@ fn keyed_tenant_without_api_key_env_is_valid() {
 
 /// SPEC 6: an unknown role is 403 at request time, so it does not stop the tenant loading;
 /// check-config warns about it.
+/// Roles that could not be read are reported as such, not also as missing roles.
+#[test]
+fn unreadable_roles_are_one_problem_not_warnings_about_missing_roles() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "corp",
+            "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n    role: viewer\ntools:\n  roles:\n    viewer: search_web\n  default_role: viewer\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("tenants/corp.yaml: tools.roles"), "{out}");
+    assert!(!out.contains("warning:"), "{out}");
+}
+
 #[test]
 fn a_role_missing_from_tools_roles_is_a_warning() {
     let dir = tempfile::tempdir().unwrap();

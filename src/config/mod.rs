@@ -524,6 +524,10 @@ fn build_tenant(
     // is 403, so requests acting as it are refused at request time (access::resolve_role). It
     // is almost always a typo, hence the warnings.
     let roles = &file.tools.roles;
+    // Roles that could not be read (that problem is reported) are not known to be missing.
+    let roles_unread = read_problems
+        .iter()
+        .any(|p| p.starts_with("tools.roles") || p.starts_with("tools:"));
     let outcome = if roles.is_empty() {
         "the tenant defines no tools.roles, so tool access is off"
     } else {
@@ -531,12 +535,15 @@ fn build_tenant(
     };
     if let Some(default_role) = &file.tools.default_role
         && !roles.contains_key(default_role)
+        && !roles_unread
     {
         warnings.push(problem(format!(
             "tools.default_role: `{default_role}` is not one of tools.roles; {outcome}"
         )));
     }
-    if let Keys::Listed(keys) = &file.keys {
+    if let Keys::Listed(keys) = &file.keys
+        && !roles_unread
+    {
         for (i, k) in keys.iter().enumerate() {
             if let Some(role) = &k.role
                 && !roles.contains_key(role)
@@ -547,7 +554,9 @@ fn build_tenant(
             }
         }
     }
-    warnings.extend(validate::roleless_keys_warning(&file).map(problem));
+    if !roles_unread {
+        warnings.extend(validate::roleless_keys_warning(&file).map(problem));
+    }
     for (role, globs) in roles {
         for g in globs {
             if let Err(e) = globset::Glob::new(g) {
