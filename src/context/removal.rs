@@ -80,6 +80,7 @@ pub(crate) fn remove_calls(
     let apart = work.text_apart_from_calls;
     let given = work.given;
     let mut changes = Vec::new();
+    let mut placeholders = 0u64;
     for Losing { pos, calls } in losing {
         let item = &mut work.items[pos];
         let doomed_here = &gone_calls[calls];
@@ -99,6 +100,7 @@ pub(crate) fn remove_calls(
         let names = take_calls(msg, doomed_here);
         if placeholder {
             item.placeholders += names.len() as u32;
+            placeholders += names.len() as u64;
             let lines: Vec<String> = names
                 .iter()
                 .map(|n| format!("[tool call omitted: {n}]"))
@@ -114,6 +116,7 @@ pub(crate) fn remove_calls(
         }
         item.tokens = sent_tokens(encoding, apart, msg);
     }
+    work.report.placeholders += placeholders;
     work.calls.extend(changes);
     work.remove_marked(reason, &drop_pos);
 }

@@ -36,6 +36,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
         .map(|i| vec![None; i.msg.tool_calls().len()])
         .collect();
     let mut repaired: Vec<(usize, RepairKind)> = Vec::new();
+    let mut placeholders = 0u64;
     for (pos, link) in links.iter().enumerate() {
         if items[pos].msg.role != Role::Tool {
             continue;
@@ -126,6 +127,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                 for id in missing {
                     let msg = no_result_message(&id);
                     let tokens = work.count(&msg);
+                    placeholders += 1;
                     out.push(Item {
                         msg: Msg::owned(msg),
                         index: None,
@@ -148,6 +150,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
         }
     }
 
+    work.report.placeholders += placeholders;
     work.calls.extend(changes);
     work.items = out;
     // Positions above are into the working copy; the report speaks in original indices.

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::conversation::{Message, MessageId, Role};
 use crate::tokens::{Encoding, MESSAGE_OVERHEAD, TokenCounter, message_tokens};
 
-use super::report::{CallChange, Change, RemoveReason, Removed, Report};
+use super::report::{CallChange, Change, RemoveReason, Removed, RepairKind, Report};
 
 /// A message of the working copy: the caller's, or one a step changed or made.
 #[derive(Debug, Clone)]
@@ -84,8 +84,8 @@ pub(crate) struct Item<'a> {
     /// Before the last `user` message (steps 2–6 may change it). By position only: a late
     /// result of a history call that sits in the current turn is not history.
     pub history: bool,
-    /// Placeholder texts the pipeline put in this message (report: `placeholders`, counted
-    /// over what is sent).
+    /// Placeholder texts the pipeline put in this message: taken off the report's
+    /// `placeholders` when the message is removed, so that it counts what is sent.
     pub placeholders: u32,
 }
 
@@ -150,6 +150,7 @@ impl<'a> Work<'a> {
         for read in first..self.items.len() {
             if doomed.get(read).copied().unwrap_or(false) {
                 let item = &self.items[read];
+                self.report.placeholders -= u64::from(item.placeholders);
                 if let Some(index) = item.index {
                     self.report.removed.push(Removed {
                         index,
@@ -168,25 +169,35 @@ impl<'a> Work<'a> {
     /// Puts the report in the order a reader expects, whatever step made each entry: every list
     /// by index (stable, so an index two steps named keeps their order), and a result that was
     /// shortened and then taken out by a later step (summary, budget, repair) reported as
-    /// removed only, since it is not sent at all; likewise placeholders count what is sent.
+    /// removed only, since it is not sent at all.
+    ///
+    /// Costs what the lists hold, not what the conversation does (a long conversation's turn
+    /// should not pay per message for it): each step reports in index order already, so the
+    /// sorts merge a few runs.
     pub fn settle_report(&mut self) {
         let report = &mut self.report;
-        report.placeholders = self.items.iter().map(|i| u64::from(i.placeholders)).sum();
         report.removed.sort_by_key(|r| r.index);
         report.repaired.sort_by_key(|r| r.index);
         report.compressed.sort_by_key(|c| c.index);
         if report.compressed.is_empty() {
             return;
         }
-        let mut sent = vec![false; self.given.len()];
-        for index in self.items.iter().filter_map(|i| i.index) {
-            if let Some(s) = sent.get_mut(index) {
-                *s = true;
-            }
+        // Results not sent: removed, or dropped by repair (an orphan or a repeated id).
+        let mut gone: Vec<usize> = report.removed.iter().map(|r| r.index).collect();
+        gone.extend(
+            report
+                .repaired
+                .iter()
+                .filter(|r| matches!(r.kind, RepairKind::OrphanResult | RepairKind::DuplicateId))
+                .map(|r| r.index),
+        );
+        if gone.is_empty() {
+            return;
         }
+        gone.sort_unstable();
         report
             .compressed
-            .retain(|c| sent.get(c.index).copied().unwrap_or(false));
+            .retain(|c| gone.binary_search(&c.index).is_err());
     }
 }
 
