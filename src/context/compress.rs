@@ -7,6 +7,7 @@
 //! same function ([`compress`]).
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
@@ -129,7 +130,8 @@ fn compress_json_string(encoding: Encoding, inner: &str, max_tokens: u64) -> Opt
 }
 
 fn fits(encoding: Encoding, text: &str, max_tokens: u64) -> bool {
-    encoding.count(text) <= max_tokens
+    // Most of a huge document's tries are too long by far: say so without tokenising them.
+    encoding.fewest_tokens(text) <= max_tokens && encoding.count(text) <= max_tokens
 }
 
 fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<String> {
@@ -144,22 +146,49 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
     // `"…"` or their ends) first, top-level scalars last (SPEC 5 step 4), each from the end.
     let last = LEVELS[LEVELS.len() - 1];
     match (shrink(value, &last, 1), value) {
-        (Value::Object(mut map), Value::Object(original)) => {
+        (Value::Object(map), Value::Object(original)) => {
             let is_container =
                 |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
             let mut order: Vec<String> = map.keys().rev().cloned().collect();
             order.sort_by_key(|k| !is_container(k)); // stable: each group stays end-first
-            for key in order {
-                // Shifted out, not swapped: the entries left keep their order. No marker of its
-                // own: `_compressed` says the result is not whole, and a count of what went
-                // would cost tokens that a scalar should have (SPEC: scalars go last).
-                map.shift_remove(&key);
-                let text = python_dumps(&mark(Value::Object(map.clone())));
-                if fits(encoding, &text, max_tokens) {
-                    return Some(text);
+            // The result without the first `gone` keys of `order`. The entries left keep their
+            // order. No marker of its own: `_compressed` says the result is not whole, and a
+            // count of what went would cost tokens that a scalar should have (SPEC: scalars go
+            // last).
+            let without = |gone: usize| -> String {
+                let gone: HashSet<&str> = order[..gone].iter().map(String::as_str).collect();
+                let kept: Map<String, Value> = map
+                    .iter()
+                    .filter(|(k, _)| !gone.contains(k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                python_dumps(&mark(Value::Object(kept)))
+            };
+            // The fewest entries to give up, found by halving: fewer entries never take more
+            // tokens, and trying one count after another is quadratic in the entries (a result
+            // of 10,000 keys took seconds and held a worker).
+            let all = order.len();
+            if all == 0 || !fits(encoding, &without(all), max_tokens) {
+                return None;
+            }
+            // Every entry kept costs at least a token, so no more than `max_tokens` stay: search
+            // among results of that size, not the whole document's. Should that ever be wrong
+            // (one more entry fits), search them all.
+            let at_most_kept = usize::try_from(max_tokens).unwrap_or(usize::MAX);
+            let mut low = all.saturating_sub(at_most_kept).max(1);
+            if low > 1 && fits(encoding, &without(low - 1), max_tokens) {
+                low = 1;
+            }
+            let mut high = all;
+            while low < high {
+                let mid = low + (high - low) / 2;
+                if fits(encoding, &without(mid), max_tokens) {
+                    high = mid;
+                } else {
+                    low = mid + 1;
                 }
             }
-            None
+            Some(without(low))
         }
         _ => None,
     }
@@ -555,5 +584,54 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["id"], 7, "{out}");
         assert_eq!(v["status"], "ok", "{out}");
+    }
+
+    /// Giving up entries one after another, as the halving search replaced: the fewest that
+    /// make the result fit.
+    fn one_by_one(value: &Value, max_tokens: u64) -> Option<String> {
+        let last = LEVELS[LEVELS.len() - 1];
+        let (Value::Object(mut map), Value::Object(original)) = (shrink(value, &last, 1), value)
+        else {
+            return None;
+        };
+        let is_container =
+            |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
+        let mut order: Vec<String> = map.keys().rev().cloned().collect();
+        order.sort_by_key(|k| !is_container(k));
+        for key in order {
+            map.shift_remove(&key);
+            let text = python_dumps(&mark(Value::Object(map.clone())));
+            if fits(Encoding::O200kBase, &text, max_tokens) {
+                return Some(text);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn entries_given_up_are_the_fewest_that_fit() {
+        for keys in [1, 2, 7, 40, 300] {
+            let mut doc = serde_json::Map::new();
+            for k in 0..keys {
+                let v = match k % 3 {
+                    0 => serde_json::json!(k),
+                    1 => serde_json::json!(format!("value number {k}")),
+                    _ => serde_json::json!([k, {"n": k}]),
+                };
+                doc.insert(format!("key_{k}"), v);
+            }
+            let doc = Value::Object(doc);
+            for max in [1, 5, 12, 30, 100, 400] {
+                let text = python_dumps(&mark(shrink(&doc, &LEVELS[LEVELS.len() - 1], 1)));
+                if fits(Encoding::O200kBase, &text, max) {
+                    continue; // the levels are enough: no entry is given up
+                }
+                assert_eq!(
+                    compress_json(Encoding::O200kBase, &doc, max),
+                    one_by_one(&doc, max),
+                    "{keys} keys, max {max}"
+                );
+            }
+        }
     }
 }

@@ -17,14 +17,18 @@ use super::vocab::Vocab;
 struct Tokenizer {
     vocab: Vocab,
     splitter: Splitter,
+    /// Bytes of the longest token: no text takes fewer tokens than its bytes over this.
+    longest: usize,
 }
 
 impl Tokenizer {
     // The files and patterns are compiled in and checked by the tests, so failing here is a
     // build defect, not bad input.
     fn build(file: &[u8], pieces: &str) -> Tokenizer {
+        let vocab = Vocab::parse(file).expect("compiled-in .tiktoken file parses");
         Tokenizer {
-            vocab: Vocab::parse(file).expect("compiled-in .tiktoken file parses"),
+            longest: vocab.longest_token().max(1),
+            vocab,
             splitter: Splitter::new(pieces).expect("compiled-in split pattern compiles"),
         }
     }
@@ -92,6 +96,17 @@ impl Encoding {
         }
     }
 
+    /// A lower bound of [`count`](Self::count), without tokenising: every token covers at most
+    /// the longest token's bytes. Tells cheaply that a long text cannot fit a small limit.
+    pub fn fewest_tokens(self, text: &str) -> u64 {
+        let bytes = text.len() as u64;
+        match self {
+            Encoding::O200kBase => bytes.div_ceil(o200k_base().longest as u64),
+            Encoding::Cl100kBase => bytes.div_ceil(cl100k_base().longest as u64),
+            Encoding::Approximate => self.count(text),
+        }
+    }
+
     /// Builds the tokenizer now rather than on the first request that needs it.
     pub fn warm_up(self) {
         let _ = self.count("warm up");
@@ -116,6 +131,34 @@ mod tests {
         assert_eq!(Encoding::Approximate.count("abcde"), 2);
         // chars, not bytes
         assert_eq!(Encoding::Approximate.count("東京東京東"), 2);
+    }
+
+    #[test]
+    fn fewest_tokens_never_exceeds_the_count() {
+        let texts = [
+            String::new(),
+            "hello world".to_string(),
+            "=".repeat(5000),
+            " ".repeat(3000),
+            "東京".repeat(400),
+            serde_json::json!({"k": (0..300).collect::<Vec<_>>()}).to_string(),
+            "a1 ".repeat(1000),
+        ];
+        for e in [
+            Encoding::O200kBase,
+            Encoding::Cl100kBase,
+            Encoding::Approximate,
+        ] {
+            for t in &texts {
+                assert!(
+                    e.fewest_tokens(t) <= e.count(t),
+                    "{e}: {}",
+                    &t[..t.len().min(20)]
+                );
+            }
+            // A long text is known too long for a small limit without tokenising it.
+            assert!(e.fewest_tokens(&"x".repeat(100_000)) > 100, "{e}");
+        }
     }
 
     #[test]

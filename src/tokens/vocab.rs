@@ -96,6 +96,15 @@ impl Vocab {
         token_bytes(&self.bytes, &self.offsets, rank)
     }
 
+    /// Bytes of the longest token.
+    pub fn longest_token(&self) -> usize {
+        self.offsets
+            .windows(2)
+            .map(|w| (w[1] - w[0]) as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Number of tokens.
     pub fn len(&self) -> usize {
         self.offsets.len() - 1
