@@ -260,9 +260,11 @@ impl Store for PostgresStore {
         scope: &Scope,
     ) -> Result<Session> {
         create_session(&mut *self.pool.acquire().await?, tenant, session, scope).await?;
-        self.get_session(tenant, session)
-            .await?
-            .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
+        self.get_session(tenant, session).await?.ok_or_else(|| {
+            Error::NotFound(format!(
+                "session '{session}' deleted right after its creation"
+            ))
+        })
     }
 
     async fn get_session(&self, tenant: &str, session: &str) -> Result<Option<Session>> {

@@ -333,8 +333,11 @@ impl Store for SqliteStore {
         self.threads
             .write(move |conn| {
                 create_session(conn, &tenant, &session, &scope)?;
-                session_by_id(conn, &tenant, &session)?
-                    .ok_or_else(|| Error::Internal("session vanished right after creation".into()))
+                session_by_id(conn, &tenant, &session)?.ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "session '{session}' deleted right after its creation"
+                    ))
+                })
             })
             .await
     }

@@ -107,6 +107,9 @@ impl TurnClosed {
     }
 }
 
+/// How many times [`open_by_parts`] begins a session again that was deleted under it.
+const MAX_BEGUN_AGAIN: usize = 1000;
+
 /// [`Store::open_turn`] from the single calls.
 pub(crate) async fn open_by_parts<S: Store + ?Sized>(
     store: &S,
@@ -114,37 +117,50 @@ pub(crate) async fn open_by_parts<S: Store + ?Sized>(
 ) -> Result<TurnOpened> {
     let deadline = std::time::Instant::now() + open.wait;
     let mut begun_again = 0;
-    let lease = loop {
-        store
-            .get_or_create_session(&open.tenant, &open.session, &open.scope)
-            .await?;
-        let wait = deadline.saturating_duration_since(std::time::Instant::now());
-        match store
-            .lock_session(&open.tenant, &open.session, open.ttl, wait)
-            .await
-        {
-            Ok(lease) => break lease,
-            // Deleted while this request waited for it: the session begins again under its id,
-            // as it would have had the request come after the delete.
-            Err(Error::NotFound(_)) if begun_again < 3 => begun_again += 1,
-            Err(e) => return Err(e),
+    loop {
+        match open_once(store, &open, deadline).await {
+            // Deleted between two of the calls (while this request waited for it, or even
+            // once its lease was held: a delete does not wait for the lease): the session
+            // begins again under its id, as it would have had the request come after the
+            // delete. Deleted again and again, it is tried until the request's wait is over
+            // (bounded, should the clock stand still).
+            Err(Error::NotFound(_))
+                if begun_again < MAX_BEGUN_AGAIN && std::time::Instant::now() < deadline =>
+            {
+                begun_again += 1
+            }
+            other => return other,
         }
-    };
-    let appended = match append_under(store, &lease, open.append).await {
-        Ok(appended) => appended,
+    }
+}
+
+/// One try of [`open_by_parts`]: the session, its lease, the append.
+async fn open_once<S: Store + ?Sized>(
+    store: &S,
+    open: &TurnOpen,
+    deadline: std::time::Instant,
+) -> Result<TurnOpened> {
+    store
+        .get_or_create_session(&open.tenant, &open.session, &open.scope)
+        .await?;
+    let wait = deadline.saturating_duration_since(std::time::Instant::now());
+    let lease = store
+        .lock_session(&open.tenant, &open.session, open.ttl, wait)
+        .await?;
+    match append_under(store, &lease, open.append.as_ref()).await {
+        Ok(appended) => Ok(TurnOpened { lease, appended }),
         Err(e) => {
             let _ = store.unlock_session(&lease).await;
-            return Err(e);
+            Err(e)
         }
-    };
-    Ok(TurnOpened { lease, appended })
+    }
 }
 
 /// The append of an opened turn, once its lease is held.
 async fn append_under<S: Store + ?Sized>(
     store: &S,
     lease: &Lease,
-    append: Option<Append>,
+    append: Option<&Append>,
 ) -> Result<Vec<Appended>> {
     match append {
         None => Ok(Vec::new()),

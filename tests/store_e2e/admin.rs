@@ -357,7 +357,50 @@ async fn a_request_waiting_for_a_deleted_session_begins_it_again(b: Backend) {
     assert_eq!(messages[0]["content"], "new");
 }
 
+/// Deletes racing requests on one session, whichever step of opening its turn a delete lands
+/// between (the session made, its lease taken, its messages stored): every request is answered,
+/// its session begun again under its id, never a 404 or a 500.
+async fn requests_racing_deletes_of_their_session_are_all_answered(b: Backend) {
+    let (proxy, _mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deleter = {
+        let (done, url) = (
+            done.clone(),
+            proxy.url("/ctxproxy/v1/sessions/default/raced"),
+        );
+        tokio::spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let deleted = client().delete(&url).bearer_auth(ADMIN_TOKEN).send().await;
+                assert!(deleted.is_ok());
+            }
+        })
+    };
+    let posters = (0..4).map(|p| {
+        let base = base.clone();
+        tokio::spawn(async move {
+            for i in 0..15 {
+                let text = format!("hi {p}.{i}");
+                let a = chat(
+                    &base,
+                    "sk-a",
+                    &[("x-session-id", "raced")],
+                    &request(&[user(&text)]),
+                )
+                .await;
+                assert_eq!(a.status, 200, "{text}: {}", a.body);
+            }
+        })
+    });
+    for poster in futures_util::future::join_all(posters).await {
+        poster.unwrap();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    deleter.await.unwrap();
+}
+
 on_both_backends!(
+    requests_racing_deletes_of_their_session_are_all_answered,
     session_list_pages_by_next_cursor_and_by_last_session_id,
     session_list_after_an_unknown_or_ambiguous_session_id_is_a_400,
     streamed_chat_record_keeps_the_rebuilt_choice_and_usage,
