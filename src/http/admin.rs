@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +18,16 @@ use crate::conversation::MessageId;
 use crate::error::{Error, Result};
 use crate::store::SessionQuery;
 use crate::upstream::headers::bearer;
+
+/// The `{tenant}/{session}` of a session route, or why it cannot be read (say, a segment that
+/// is not UTF-8 once decoded): read after the caller is admitted, and refused as an
+/// OpenAI-shaped 400 like any other bad request.
+type SessionPath = std::result::Result<Path<(String, String)>, PathRejection>;
+
+fn session_path(path: SessionPath) -> Result<(String, String)> {
+    path.map(|Path(names)| names)
+        .map_err(|e| Error::invalid(e.body_text(), None))
+}
 
 /// Admits admin callers: 404 while no admin token is set, 401 for a wrong or missing one.
 pub(super) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<()> {
@@ -113,9 +124,10 @@ pub async fn list_sessions(
 pub async fn get_session(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path((tenant, session)): Path<(String, String)>,
+    path: SessionPath,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    let (tenant, session) = session_path(path)?;
     nameable(&tenant, &session)?;
     state.pending.settle_session(&tenant, &session).await;
     let detail = state
@@ -139,10 +151,11 @@ pub struct MessagesQuery {
 pub async fn messages(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path((tenant, session)): Path<(String, String)>,
+    path: SessionPath,
     query: Result<Query<MessagesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    let (tenant, session) = session_path(path)?;
     let Query(q) = query.map_err(|e| Error::invalid(e.body_text(), None))?;
     existing_session(&state, &tenant, &session).await?;
     let stored = match q.branch {
@@ -175,9 +188,10 @@ pub async fn messages(
 pub async fn requests(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path((tenant, session)): Path<(String, String)>,
+    path: SessionPath,
 ) -> Result<Json<Value>> {
     authorize(&state, &headers)?;
+    let (tenant, session) = session_path(path)?;
     existing_session(&state, &tenant, &session).await?;
     let records = state.store.list_requests(&tenant, &session).await?;
     Ok(Json(
@@ -189,9 +203,10 @@ pub async fn requests(
 pub async fn delete_session(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    Path((tenant, session)): Path<(String, String)>,
+    path: SessionPath,
 ) -> Result<Response> {
     authorize(&state, &headers)?;
+    let (tenant, session) = session_path(path)?;
     nameable(&tenant, &session)?;
     state.pending.settle_session(&tenant, &session).await;
     if state.store.delete_session(&tenant, &session).await? {

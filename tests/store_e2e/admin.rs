@@ -399,7 +399,24 @@ async fn requests_racing_deletes_of_their_session_are_all_answered(b: Backend) {
     deleter.await.unwrap();
 }
 
+/// A session route whose names do not decode to UTF-8 is an OpenAI-shaped 400, and only for
+/// an admitted caller (401 without the token).
+async fn an_undecodable_session_path_is_a_shaped_400_after_the_token(b: Backend) {
+    let (proxy, _mock) = proxy_and_mock(b.options()).await;
+    for path in [
+        "/ctxproxy/v1/sessions/default/%ff%fe",
+        "/ctxproxy/v1/sessions/%c0/x/messages",
+    ] {
+        let (status, body) = proxy.admin_get(path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(assert_openai_error(&body)["type"], "invalid_request_error");
+        let anonymous = client().get(proxy.url(path)).send().await.unwrap();
+        assert_eq!(anonymous.status(), 401, "{path}");
+    }
+}
+
 on_both_backends!(
+    an_undecodable_session_path_is_a_shaped_400_after_the_token,
     requests_racing_deletes_of_their_session_are_all_answered,
     session_list_pages_by_next_cursor_and_by_last_session_id,
     session_list_after_an_unknown_or_ambiguous_session_id_is_a_400,
