@@ -215,6 +215,40 @@ async fn previous_response_id_is_resolved_into_full_input() {
     assert_eq!(stored(&proxy, &session).await.len(), 6);
 }
 
+/// New input items under a `previous_response_id` follow the previous response, instructions
+/// (`developer`, `system`) too: sent where they come and stored, so later turns keep them, as
+/// OpenAI's own chain does.
+#[tokio::test]
+async fn instructions_in_a_continuation_are_stored_where_they_come() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, session) = respond(&proxy, &json!({"model": "m", "input": "hello"})).await;
+    let terse = json!({"role": "developer", "content": "be terse"});
+    let second_q = json!({"role": "user", "content": "second"});
+    let (second, _) = respond(
+        &proxy,
+        &json!({"model": "m", "input": [terse, second_q], "previous_response_id": first["id"]}),
+    )
+    .await;
+    let sent = mock.requests()[1].body_json().unwrap();
+    let roles: Vec<&str> = sent["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["role"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "developer", "user"]);
+    let (_, again) = respond(
+        &proxy,
+        &json!({"model": "m", "input": "third", "previous_response_id": second["id"]}),
+    )
+    .await;
+    assert_eq!(again, session);
+    let kept = stored(&proxy, &session).await;
+    assert_eq!(kept[2], terse, "{kept:?}");
+    let sent = mock.requests()[2].body_json().unwrap();
+    assert_eq!(sent["input"][2], terse, "a later turn still has it");
+}
+
 #[tokio::test]
 async fn unknown_previous_response_id_is_forwarded_and_stored_in_a_new_session() {
     let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;

@@ -1,8 +1,9 @@
 //! The conversation to send for a request, and storing the request's new messages (SPEC 4.1).
 //! `client` mode: the request carries the whole history; everything not yet stored is appended.
 //! `server` mode (and a known `previous_response_id`): the stored branch is prepended to the
-//! request's new messages, which are appended under it. A leading system message in such a
-//! request replaces the stored one for this request only.
+//! request's new messages, which are appended under it. A leading system message in a
+//! server-mode request replaces the stored one for this request only; under a
+//! `previous_response_id` it is a new item like any other, stored where it comes.
 //!
 //! A server-mode request whose new messages are exactly the head branch's unanswered turn (the
 //! client messages stored after its last reply) is a retry of that turn, as clients resend a
@@ -90,7 +91,14 @@ pub async fn assemble(
     }
 
     let incoming = incoming.messages;
-    let lead = incoming.iter().take_while(|m| is_instruction(m)).count();
+    // Server mode: a leading system message stands in for the stored one, for this request
+    // (SPEC 4.1). Under a `previous_response_id` every item of the new input follows the
+    // previous response, instructions too, and stays in the conversation, as OpenAI keeps it.
+    let lead = if on_head {
+        incoming.iter().take_while(|m| is_instruction(m)).count()
+    } else {
+        0
+    };
     let (instructions, mut new) = incoming.split_at(lead);
     let mut stored = stored;
     if on_head {
