@@ -61,8 +61,8 @@ fn parse_error<T: DeserializeOwned>(bytes: &[u8]) -> Error {
         return syntax_error(Some(inner));
     }
     let message = without_type_names(&inner.to_string());
-    // serde reports a missing field at its parent; name the field itself.
-    let param = match missing_field(&message) {
+    // serde reports a missing or repeated field at its parent; name the field itself.
+    let param = match named_field(&message) {
         Some(field) if path == "." => Some(field.to_string()),
         Some(field) => Some(format!("{path}.{field}")),
         None if path == "." => None,
@@ -93,8 +93,11 @@ fn without_type_names(message: &str) -> String {
     format!("{head}expected an object{rest}")
 }
 
-fn missing_field(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("missing field `")?;
+/// The field a missing-field or duplicate-field message names.
+fn named_field(message: &str) -> Option<&str> {
+    let rest = message
+        .strip_prefix("missing field `")
+        .or_else(|| message.strip_prefix("duplicate field `"))?;
     rest.split('`').next()
 }
 
@@ -136,6 +139,14 @@ mod tests {
                 other => panic!("expected invalid request, got {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_repeated_field_is_named_where_it_is() {
+        let top = r#"{"model":"a","model":"b","messages":[]}"#;
+        assert_eq!(param_of(top).as_deref(), Some("model"));
+        let inner = r#"{"model":"m","messages":[{"role":"user","role":"user","content":"x"}]}"#;
+        assert_eq!(param_of(inner).as_deref(), Some("messages[0].role"));
     }
 
     #[test]
