@@ -96,14 +96,16 @@ impl Encoding {
         }
     }
 
-    /// A lower bound of [`count`](Self::count), without tokenising: every token covers at most
-    /// the longest token's bytes. Tells cheaply that a long text cannot fit a small limit.
+    /// A lower bound of [`count`](Self::count) from the length alone, without tokenising (or
+    /// counting chars): every token covers at most the longest token's bytes, and an
+    /// approximate token four chars of at most four bytes. Tells cheaply that a long text
+    /// cannot fit a small limit.
     pub fn fewest_tokens(self, text: &str) -> u64 {
         let bytes = text.len() as u64;
         match self {
             Encoding::O200kBase => bytes.div_ceil(o200k_base().longest as u64),
             Encoding::Cl100kBase => bytes.div_ceil(cl100k_base().longest as u64),
-            Encoding::Approximate => self.count(text),
+            Encoding::Approximate => bytes.div_ceil(16),
         }
     }
 
