@@ -8,6 +8,7 @@ pub mod app;
 pub mod config;
 pub mod context;
 pub mod conversation;
+pub mod cpu;
 pub mod error;
 pub mod http;
 pub mod metrics;

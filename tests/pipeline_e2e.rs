@@ -415,3 +415,61 @@ async fn re_spelled_arguments_are_counted_as_sent_and_the_budget_holds() {
     assert_eq!(sent_in[0].1, 4);
     assert_eq!(sent_in[1].1, 1);
 }
+
+/// A request over `ctxproxy::cpu::HEAVY_BYTES` is parsed and rewritten with its worker handed
+/// off (on the server's multi-thread runtime): the same work, so the same result, whichever way
+/// it runs. A huge JSON tool result goes upstream compressed, is stored whole, and the second
+/// turn continues the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_megabytes_is_rewritten_and_stored_whole() {
+    let opts = ProxyOptions::default().only_tenant("default", AGENT_TENANT);
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let wide: serde_json::Map<String, Value> = (0..40_000)
+        .map(|i| (format!("key{i}"), json!(format!("value number {i}"))))
+        .collect();
+    let result = Value::Object(wide).to_string();
+    assert!(result.len() > 4 * ctxproxy::cpu::HEAVY_BYTES);
+    let mut messages = vec![
+        json!({"role": "user", "content": "dump the table"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "dump", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": result}),
+        json!({"role": "user", "content": "summarise it"}),
+    ];
+    let mut session = None;
+    for turn in 0..2 {
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .json(&json!({"model": "gpt-4o", "messages": messages}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "turn {turn}");
+        let sid = resp.headers()["x-ctxproxy-session"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(session.get_or_insert(sid.clone()), &sid, "one session");
+        let reply: Value = resp.json().await.unwrap();
+        messages.push(reply["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": "and now?"}));
+    }
+    for (i, r) in mock.requests().iter().enumerate() {
+        let sent = r.body_json().unwrap();
+        let sent = sent["messages"].as_array().unwrap();
+        assert_valid(sent);
+        let tool = sent.iter().find(|m| m["role"] == "tool").unwrap();
+        let content = tool["content"].as_str().unwrap();
+        assert!(
+            content.len() < 2_000,
+            "request {i}: {} bytes",
+            content.len()
+        );
+        serde_json::from_str::<Value>(content).expect("compressed JSON is still JSON");
+    }
+    messages.truncate(messages.len() - 1);
+    let stored = proxy
+        .stored_messages("default", session.as_deref().unwrap())
+        .await;
+    assert_eq!(stored.len(), messages.len(), "every message stored once");
+    assert_eq!(stored[2]["content"], messages[2]["content"], "stored whole");
+}

@@ -420,9 +420,15 @@ async fn forward(
         ));
     }
     let bytes = read_limited(body, limit).await?;
-    let call = Call::parse(log.endpoint, &bytes)?;
+    let call = crate::cpu::run_heavy(bytes.len(), || Call::parse(log.endpoint, &bytes))?;
     let param = log.endpoint.conversation_param();
-    let prepared = prepare(state, config, &selected, client_headers, call, log, client)
+    let request = Request {
+        call,
+        headers: client_headers,
+        body_bytes: bytes.len(),
+    };
+    drop(bytes);
+    let prepared = prepare(state, config, &selected, request, log, client)
         .await
         .map_err(|e| e.with_conversation_param(param))?;
     if client.gone() {
@@ -438,16 +444,28 @@ async fn forward(
     send(state, &selected, (client_headers, query), prepared, log).await
 }
 
+/// A managed request as the client sent it, parsed.
+struct Request<'a> {
+    call: Call,
+    headers: &'a HeaderMap,
+    /// The size of its body: how heavy parsing and rewriting it is (`crate::cpu`).
+    body_bytes: usize,
+}
+
 /// Resolves the session, stores the new messages and rewrites the conversation.
 async fn prepare(
     state: &Arc<AppState>,
     config: &Config,
     selected: &Selected,
-    headers: &HeaderMap,
-    mut call: Call,
+    request: Request<'_>,
     log: &mut AccessLog,
     client: &ClientWatch,
 ) -> Result<Prepared> {
+    let Request {
+        mut call,
+        headers,
+        body_bytes,
+    } = request;
     let tenant = &selected.tenant;
     let store = state.store.as_ref();
 
@@ -489,7 +507,7 @@ async fn prepare(
     };
     let auto_ids = if mode == HistoryMode::Client && previous.is_none() && tenant.file.session.auto
     {
-        chain_ids(&incoming)
+        crate::cpu::run_heavy(body_bytes, || chain_ids(&incoming))
     } else {
         Vec::new()
     };
@@ -605,6 +623,7 @@ async fn prepare(
             messages: assembled.messages,
             typed: typed.filter(|_| assembled.only_incoming),
             ids: &assembled.ids,
+            body_bytes,
         },
         rewrite::Purpose::Live,
     );

@@ -51,7 +51,7 @@ async fn preview(
     let selected = tenant::select(&config, &headers)?;
     let tenant = selected.tenant.clone();
     let bytes = read_limited(body, config.server.server.max_body_bytes).await?;
-    let mut call = Call::parse(endpoint, &bytes)?;
+    let mut call = crate::cpu::run_heavy(bytes.len(), || Call::parse(endpoint, &bytes))?;
     let cut = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
     let mode = history_mode(&headers, &tenant)?;
     let Taken {
@@ -131,7 +131,7 @@ async fn preview(
         let typed = typed.filter(|_| assembled.only_incoming);
         (assembled.messages, assembled.ids, typed)
     } else {
-        let ids = chain_ids(&incoming);
+        let ids = crate::cpu::run_heavy(bytes.len(), || chain_ids(&incoming));
         (incoming, ids, typed)
     };
     check_something_to_send(&messages, &call)?;
@@ -147,6 +147,7 @@ async fn preview(
             messages,
             typed,
             ids: &ids,
+            body_bytes: bytes.len(),
         },
         Purpose::Preview,
     )

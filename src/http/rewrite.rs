@@ -37,6 +37,9 @@ pub struct Conversation<'a> {
     pub typed: Option<Vec<Message>>,
     /// Ids parallel to `messages` (stored ids where stored), for the token count cache.
     pub ids: &'a [MessageId],
+    /// The size of the request's body: a large one is rewritten with its worker handed off
+    /// (`crate::cpu`).
+    pub body_bytes: usize,
 }
 
 /// What the rewrite produced besides the rewritten call.
@@ -154,12 +157,15 @@ pub async fn rewrite(
         messages: wire,
         typed,
         ids,
+        body_bytes,
     } = conversation;
+    // Parsing, counting and compressing a large conversation is the CPU-heavy part.
+    let heavy = body_bytes;
     match call {
         Call::Chat(_) => {
             let mut messages = match typed {
                 Some(typed) => typed,
-                None => chat_messages(&wire)?,
+                None => crate::cpu::run_heavy(heavy, || chat_messages(&wire))?,
             };
             check_current_turn(&messages, allowed)?;
             let input = PipelineInput {
@@ -175,14 +181,14 @@ pub async fn rewrite(
                 tool_access: tool_access.as_ref(),
                 text_apart_from_calls: false,
             };
-            let early = context::begin(input, &state.tokens)?;
+            let early = crate::cpu::run_heavy(heavy, || context::begin(input, &state.tokens))?;
             let mut summary = match purpose {
                 Purpose::Live => {
                     summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
                 }
                 Purpose::Preview => summarize::stored(state, tenant, session, &messages, ids).await,
             };
-            let plan = finish(early, &mut summary)?;
+            let plan = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?;
             // The messages are ours: the kept ones are moved into the output, not cloned.
             let mut rewritten = plan.take_from(&mut messages);
             summary.fix_report(&mut rewritten.report);
@@ -210,8 +216,13 @@ pub async fn rewrite(
                         .tokens
                         .request(facts.encoding, &conv.messages, item_ids.as_deref(), tools)
                 };
-                let tokens_out = tokens(tools_json.as_ref());
-                let tokens_in = client_tools.map_or(tokens_out, |t| tokens(Some(t)));
+                let (tokens_in, tokens_out) = crate::cpu::run_heavy(heavy, || {
+                    let tokens_out = tokens(tools_json.as_ref());
+                    (
+                        client_tools.map_or(tokens_out, |t| tokens(Some(t))),
+                        tokens_out,
+                    )
+                });
                 call.put_items(wire);
                 return Ok(Outcome {
                     report: Some(Report {
@@ -231,7 +242,7 @@ pub async fn rewrite(
                 tool_access: tool_access.as_ref(),
                 ..conv.pipeline_input(&tenant.policy, facts)
             };
-            let early = context::begin(input, &state.tokens)?;
+            let early = crate::cpu::run_heavy(heavy, || context::begin(input, &state.tokens))?;
             // A summary needs the stored ids of the items (its anchor is one); items the
             // proxy could not name get none rather than a guessed one.
             let mut summary = match (&item_ids, purpose) {
@@ -243,7 +254,8 @@ pub async fn rewrite(
                 }
                 (None, _) => summarize::Prepared::default(),
             };
-            let rewritten = finish(early, &mut summary)?.cloned_from(&conv.messages);
+            let rewritten = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?
+                .cloned_from(&conv.messages);
             call.put_items(responses_items::to_items(&rewritten.messages));
             let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             summary.fix_report(&mut report);
