@@ -946,3 +946,36 @@ async fn a_tenant_with_roles_creates_no_realtime_session() {
     assert_ne!(resp.status(), 403);
     assert_eq!(mock.requests().len(), 1, "forwarded");
 }
+
+/// A `previous_response_id` the proxy does not know makes it send the items as received (the
+/// upstream holds history it never saw), but not around the role's history scrub (SPEC 6): the
+/// calls it sees to tools the role may not use still go, with their outputs. An output whose
+/// call only the upstream holds stays.
+#[tokio::test]
+async fn an_unknown_previous_response_id_does_not_skip_the_history_scrub() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let input = json!([
+        {"type": "function_call_output", "call_id": "held", "output": "from a call the upstream holds"},
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "q1", "name": "get_account_balance", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "q1", "output": "SECRET 1000"},
+        {"type": "function_call", "call_id": "q2", "name": "search_web", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "q2", "output": "found"},
+        {"role": "user", "content": "next"}
+    ]);
+    let tools = json!([{"type": "function", "name": "search_web"}, {"type": "function", "name": "get_account_balance"}]);
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input, "tools": tools, "previous_response_id": "resp_unknown_zz"}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    assert_eq!(sent["previous_response_id"], "resp_unknown_zz");
+    let items = input.as_array().unwrap();
+    let kept: Vec<Value> = items[..2].iter().chain(&items[4..]).cloned().collect();
+    assert_eq!(sent["input"], Value::Array(kept), "{sent}");
+    assert!(!sent.to_string().contains("SECRET"));
+}

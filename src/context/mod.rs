@@ -351,6 +351,21 @@ impl<'a> Early<'a> {
         }
         Ok(work.into_plan())
     }
+
+    /// Ends the run after steps 1–4, skipping summary, budget and repair: for a conversation
+    /// that continues history only the upstream holds (a Responses `previous_response_id` the
+    /// proxy does not know), where those steps would be blind (repair would drop the results of
+    /// calls it cannot see) but a role's history scrub still applies to what the proxy sees.
+    pub fn finish_without_history(self) -> Plan {
+        let Early {
+            mut work,
+            tools_tokens,
+            ..
+        } = self;
+        work.settle_report();
+        work.report.tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+        work.into_plan()
+    }
 }
 
 impl Work<'_> {

@@ -12,7 +12,7 @@ use super::call::{Call, chat_messages};
 use crate::access;
 use crate::app::AppState;
 use crate::config::{Config, Selected, Tenant};
-use crate::context::{self, PipelineInput, Report, ToolAccess};
+use crate::context::{self, PipelineInput, Policy, Report, ToolAccess};
 use crate::conversation::{Message, MessageId, Role, responses_items};
 use crate::error::{CONVERSATION_PARAM, Result};
 use crate::summarize;
@@ -206,7 +206,9 @@ pub async fn rewrite(
             let conv = responses_items::ItemMessages::new(call.instructions(), &wire);
             check_current_turn(&conv.messages, allowed)?;
             let item_ids = conv.ids(ids);
-            if call.previous_response_id().is_some() {
+            let upstream_holds_history = call.previous_response_id().is_some();
+            let scrub = tool_access.as_ref().filter(|a| a.scrub_history);
+            if upstream_holds_history && scrub.is_none() {
                 // An id the proxy does not know, or the upstream-held root of a stored chain:
                 // the upstream holds history the proxy never saw, so a rewrite would be blind
                 // (repair would drop the results of calls only the upstream knows). The items
@@ -230,6 +232,34 @@ pub async fn rewrite(
                         tokens_out,
                         ..Report::default()
                     }),
+                    summary_job: None,
+                    summary_wait: std::time::Duration::ZERO,
+                });
+            }
+            if upstream_holds_history {
+                // The same, except that the role's history scrub (SPEC 6) still removes the
+                // calls to tools it may not use from what the proxy sees: a made-up
+                // `previous_response_id` must not be a way around it.
+                let no_policy = Policy::default();
+                let input = PipelineInput {
+                    ids: item_ids.as_deref(),
+                    tools: tools_json.as_ref(),
+                    client_tools,
+                    summary: None,
+                    tool_access: scrub,
+                    ..conv.pipeline_input(&no_policy, facts)
+                };
+                let rewritten = crate::cpu::run_heavy(heavy, || {
+                    context::begin(input, &state.tokens).map(|early| early.finish_without_history())
+                })?
+                .cloned_from(&conv.messages);
+                call.put_items(responses_items::to_items(&rewritten.messages));
+                let report = conv.report_in_items(rewritten.report, &rewritten.calls);
+                if purpose == Purpose::Live {
+                    count_rewrites(&report);
+                }
+                return Ok(Outcome {
+                    report: Some(report),
                     summary_job: None,
                     summary_wait: std::time::Duration::ZERO,
                 });
