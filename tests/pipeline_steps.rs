@@ -555,3 +555,52 @@ fn empty_text_parts_are_no_text() {
         "[tool call omitted: debug_tool]"
     );
 }
+
+/// SPEC 6 and summaries: a request may be given a stored summary only if its role may use every
+/// tool the summary read; a summary whose tools are not recorded (made before they were) is
+/// judged by the history it covers, which must hold nothing the scrub removed.
+#[test]
+fn a_summary_is_for_roles_that_may_use_every_tool_it_read() {
+    let msgs = messages(&json!({"messages": [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_salary", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "SECRET"},
+        {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "q3"}
+    ]}));
+    let policy = policy(json!({}));
+    let counter = TokenCounter::new();
+    let viewer = ToolAccess {
+        offered: ["search_web", "web_search"].map(String::from).into(),
+        scrub_history: true,
+    };
+    let mut input = PipelineInput::new(&msgs, &policy, O200K);
+    input.tool_access = Some(&viewer);
+    let early = ctxproxy::context::begin(input, &counter).unwrap();
+    let seen = |tools: &[&str]| tools.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+    assert!(early.may_see_summary(Some(&seen(&["search_web"])), 5));
+    assert!(early.may_see_summary(Some(&seen(&["item:web_search_call"])), 5));
+    assert!(early.may_see_summary(Some(&[]), 5));
+    assert!(!early.may_see_summary(Some(&seen(&["search_web", "get_salary"])), 5));
+    assert!(!early.may_see_summary(Some(&seen(&["item:mcp_call"])), 5));
+    // Not recorded: fine while it covers nothing scrubbed (indexes 0-2), not beyond.
+    assert!(early.may_see_summary(None, 2));
+    assert!(!early.may_see_summary(None, 3));
+    assert!(!early.may_see_summary(None, 5));
+
+    // Without scrub_history, or without roles, every summary is for everyone.
+    let open = ToolAccess {
+        scrub_history: false,
+        ..viewer.clone()
+    };
+    for access in [Some(&open), None] {
+        let mut input = PipelineInput::new(&msgs, &policy, O200K);
+        input.tool_access = access;
+        let early = ctxproxy::context::begin(input, &counter).unwrap();
+        assert!(early.may_see_summary(Some(&seen(&["get_salary"])), 5));
+        assert!(early.may_see_summary(None, 5));
+    }
+}

@@ -923,3 +923,80 @@ async fn a_request_over_the_window_still_starts_its_summary_on_postgres() {
     };
     over_the_window_starts_a_summary(Some(db.url.clone()), false).await;
 }
+
+/// Two roles on one session, `scrub_history` on, blocking summaries.
+fn two_roles_tenant() -> String {
+    "keys: any\nupstream:\n  base_url: {upstream}\ntools:\n  roles:\n    admin: [\"*\"]\n    \
+     viewer: [search_web]\n  default_role: viewer\n  role_from_header: true\n  scrub_history: \
+     true\npolicy:\n  summary: { model: summariser-1, trigger_tokens: 200, target_tokens: 60, \
+     min_messages: 2, blocking: true }\n"
+        .to_string()
+}
+
+/// One chat turn on `SESSION` as `role`; the reply and the report of its request record.
+async fn turn_as(proxy: &Proxy, role: &str, messages: &[Value]) -> (Value, Value) {
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", SESSION)
+        .header("x-ctxproxy-role", role)
+        .json(&json!({"model": "test-model", "messages": messages, "tools": offered_tools()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{role}");
+    let v: Value = resp.json().await.unwrap();
+    settle(proxy).await;
+    let records = proxy.request_records("default", SESSION).await;
+    let report = records.last().unwrap()["report"].clone();
+    (v["choices"][0]["message"].clone(), report)
+}
+
+/// SPEC 6: with `scrub_history`, a role never gets the results of a tool it may not use. A
+/// summary made on an admin's request read them, so it is not given to a viewer on the same
+/// session (whose history has those calls scrubbed): the viewer gets a summary made from what
+/// it sees instead, which later viewer turns keep using.
+#[tokio::test]
+async fn a_summary_that_read_a_tool_a_role_may_not_use_is_not_given_to_that_role() {
+    let opts = ProxyOptions::default().only_tenant("default", &two_roles_tenant());
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    script(&mock, 200, "ADMIN-SUMMARY");
+    let mut messages = scrubbed_history();
+    let (reply, report) = turn_as(&proxy, "admin", &messages).await;
+    assert_eq!(report["summary"]["used"], true, "{report}");
+    let summaries: Vec<RecordedRequest> = mock
+        .requests()
+        .into_iter()
+        .filter(is_summary_request)
+        .collect();
+    assert!(summary_input(&summaries[0]).contains("BALANCE-4242"));
+
+    script(&mock, 200, "VIEWER-SUMMARY");
+    for n in 4..6 {
+        messages.push(reply.clone());
+        messages.push(user(n));
+        let seen = mock.requests().len();
+        let (_, report) = turn_as(&proxy, "viewer", &messages).await;
+        assert_eq!(report["summary"]["used"], true, "{report}");
+        let asked = mock.requests()[seen..].to_vec();
+        for r in asked.iter().filter(|r| is_summary_request(r)) {
+            let input = summary_input(r);
+            for hidden in HIDDEN {
+                assert!(!input.contains(hidden), "{hidden} reached the summariser");
+            }
+        }
+        let sent = asked.iter().find(|r| !is_summary_request(r)).unwrap();
+        let sent = String::from_utf8_lossy(&sent.body).to_string();
+        assert!(!sent.contains("ADMIN-SUMMARY"), "turn {n}: {sent}");
+        assert!(sent.contains("VIEWER-SUMMARY"), "turn {n}: {sent}");
+        for hidden in HIDDEN {
+            assert!(!sent.contains(hidden), "turn {n}: {hidden} went upstream");
+        }
+    }
+    // The viewer's summary was made once, then reused.
+    let made = mock
+        .requests()
+        .into_iter()
+        .filter(is_summary_request)
+        .count();
+    assert_eq!(made, 2);
+}

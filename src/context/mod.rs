@@ -52,7 +52,7 @@ pub use report::{
     CallChange, Change, Compressed, RemoveReason, Removed, RepairKind, Repaired, Report, SummaryUse,
 };
 pub use summary::{Entry, StoredSummary, SummaryPlan, plan_summary};
-pub use tool_access::{builtin_tool_of, offered_tool_names, offers_any, tool_name};
+pub use tool_access::{builtin_tool_of, offered_tool_names, offers_any, tool_name, tools_called};
 
 use work::{Item, Msg, Work, current_turn_start};
 
@@ -309,6 +309,28 @@ impl<'a> Early<'a> {
                 })
             })
             .collect()
+    }
+
+    /// Whether this request may be given a stored summary that covers the conversation up to
+    /// `covers_until` (an index into it) and folded in calls to `tools_seen` (`None`: not
+    /// known). With `scrub_history` (SPEC 6), a summary that read the results of a tool this
+    /// request's role may not use would carry them past the scrub; one whose tools are not
+    /// known is judged by the history it covers (nothing scrubbed there).
+    pub fn may_see_summary(&self, tools_seen: Option<&[String]>, covers_until: usize) -> bool {
+        let Some(access) = self.input.tool_access.filter(|a| a.scrub_history) else {
+            return true;
+        };
+        match tools_seen {
+            Some(seen) => seen
+                .iter()
+                .all(|tool| tool_access::offers(&access.offered, tool)),
+            None => !self
+                .work
+                .report
+                .removed
+                .iter()
+                .any(|r| r.reason == RemoveReason::ToolAccess && r.index <= covers_until),
+        }
     }
 
     /// Runs steps 5–7, applying `summary` (whose `covers_until` is an index into the

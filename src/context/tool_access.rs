@@ -11,7 +11,7 @@ use super::removal::remove_calls;
 use super::report::RemoveReason;
 use super::work::Work;
 use crate::conversation::responses_items::item_field;
-use crate::conversation::{ITEM_ROLE_PREFIX, Role};
+use crate::conversation::{ITEM_ROLE_PREFIX, Message, Role};
 
 /// The tool names a request offers, from its `tools` array (see [`tool_name`]).
 pub fn offered_tool_names(tools: Option<&Value>) -> HashSet<String> {
@@ -81,6 +81,26 @@ pub(crate) fn apply(work: &mut Work<'_>, offered: &HashSet<String>) {
                     .filter_map(|key| item_field(&item.msg, key))
                     .any(|id| gone.contains(id))
         });
+    }
+}
+
+/// The tools whose calls `m` makes, named as a summary records them ([`offers`] reads them
+/// back): a function or custom tool by its name, a Responses built-in tool's item by its label
+/// (`item:web_search_call`).
+pub fn tools_called(m: &Message) -> impl Iterator<Item = &str> {
+    let builtin = match &m.role {
+        Role::Other(label) if builtin_tool_of(&m.role).is_some() => Some(label.as_str()),
+        _ => None,
+    };
+    m.tool_calls().iter().map(|c| c.name()).chain(builtin)
+}
+
+/// Whether a request offering `offered` may use the tool named `tool` as [`tools_called`]
+/// names it.
+pub fn offers(offered: &HashSet<String>, tool: &str) -> bool {
+    match builtin_tool_of(&Role::Other(tool.to_string())) {
+        Some(tools) => offers_any(offered, tools),
+        None => offered.contains(tool),
     }
 }
 

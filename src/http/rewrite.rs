@@ -186,7 +186,7 @@ pub async fn rewrite(
                 Purpose::Live => {
                     summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
                 }
-                Purpose::Preview => summarize::stored(state, tenant, session, &messages, ids).await,
+                Purpose::Preview => summarize::stored(state, tenant, session, &early, ids).await,
             };
             let plan = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?;
             // The messages are ours: the kept ones are moved into the output, not cloned.
@@ -280,7 +280,7 @@ pub async fn rewrite(
                     summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
                 }
                 (Some(ids), Purpose::Preview) => {
-                    summarize::stored(state, tenant, session, &conv.messages, ids).await
+                    summarize::stored(state, tenant, session, &early, ids).await
                 }
                 (None, _) => summarize::Prepared::default(),
             };

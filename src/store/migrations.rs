@@ -46,6 +46,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "client key of a response id",
         sql: include_str!("../../migrations/sqlite/0005_response_key.sql"),
     },
+    Migration {
+        version: 6,
+        description: "tools a summary has seen",
+        sql: include_str!("../../migrations/sqlite/0006_summary_tools_seen.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -74,6 +79,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 5,
         description: "client key of a response id",
         sql: include_str!("../../migrations/postgres/0005_response_key.sql"),
+    },
+    Migration {
+        version: 6,
+        description: "tools a summary has seen",
+        sql: include_str!("../../migrations/postgres/0006_summary_tools_seen.sql"),
     },
 ];
 

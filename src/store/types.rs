@@ -235,6 +235,9 @@ pub struct NewSummary {
     pub text: String,
     pub token_count: i64,
     pub model: Option<String>,
+    /// The tool names of the calls it folded in, its predecessors' included (`None`: unknown,
+    /// after a summary made before they were recorded).
+    pub tools_seen: Option<Vec<String>>,
 }
 
 /// A stored summary.
@@ -248,6 +251,8 @@ pub struct Summary {
     pub token_count: i64,
     pub model: Option<String>,
     pub created_at: Timestamp,
+    /// As [`NewSummary::tools_seen`].
+    pub tools_seen: Option<Vec<String>>,
 }
 
 /// Where a Responses API response id points.
@@ -328,4 +333,15 @@ pub(crate) fn id_from_bytes(bytes: &[u8]) -> crate::Result<MessageId> {
         crate::Error::Internal(format!("stored message id has {} bytes", bytes.len()))
     })?;
     Ok(MessageId(arr))
+}
+
+/// [`NewSummary::tools_seen`] as the `tools_seen` column holds it (a JSON array).
+pub(crate) fn tools_seen_json(tools: Option<&[String]>) -> Option<String> {
+    tools.map(|t| Value::from(t.to_vec()).to_string())
+}
+
+/// The `tools_seen` column read back; one that does not parse is unknown, as a missing one is
+/// (the summary is then judged by the history it covers, the cautious way).
+pub(crate) fn tools_seen_from(column: Option<String>) -> Option<Vec<String>> {
+    serde_json::from_str(&column?).ok()
 }

@@ -42,6 +42,9 @@ pub struct Job {
     pub(crate) replaces_tokens: u64,
     /// The last covered message.
     pub(crate) anchor: MessageId,
+    /// The tools whose calls the summary folds in, the previous summary's included (`None`:
+    /// the previous one's are not known).
+    pub(crate) tools_seen: Option<Vec<String>>,
     pub(crate) encoding: Encoding,
     /// Sent to the summariser; never logged.
     pub(crate) authorization: Option<HeaderValue>,
@@ -214,6 +217,7 @@ impl Job {
                     text,
                     token_count: token_count as i64,
                     model: Some(policy.model.clone()),
+                    tools_seen: self.tools_seen.clone(),
                 },
             )
             .await?;

@@ -20,7 +20,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 
 use crate::app::AppState;
 use crate::config::Tenant;
-use crate::context::{Early, Entry, Report, StoredSummary, SummaryPlan, plan_summary};
+use crate::context::{
+    Early, Entry, Report, StoredSummary, SummaryPlan, plan_summary, tools_called,
+};
 use crate::conversation::{Message, MessageId};
 use crate::store::Summary;
 use crate::tokens::ModelFacts;
@@ -35,6 +37,8 @@ pub struct Prepared {
     applied: Option<StoredSummary>,
     /// The store's `covers_until` (a seq) of the applied summary, for the report.
     seq: Option<i64>,
+    /// The tools whose calls the applied summary folded in (`None`: not known).
+    tools_seen: Option<Vec<String>>,
     /// The newest stored summary of the branch (applied or not): a job planned from this state
     /// does nothing if another has been stored since.
     latest_id: Option<i64>,
@@ -62,6 +66,22 @@ impl Prepared {
         }
     }
 
+    /// Leaves the stored summary out when this request's role may not see what it folded in
+    /// (SPEC 6 `scrub_history`, see `Early::may_see_summary`); a job may then make one from
+    /// what this request sees.
+    fn withhold_unseen(&mut self, early: &Early<'_>) {
+        if let Some(applied) = &self.applied
+            && !early.may_see_summary(self.tools_seen.as_deref(), applied.covers_until)
+        {
+            tracing::debug!(
+                "the stored summary folded in tools this role may not use; not applied"
+            );
+            self.applied = None;
+            self.seq = None;
+            self.tools_seen = None;
+        }
+    }
+
     /// The job to start after the answer, if one is due.
     pub fn take_job(&mut self) -> Option<Job> {
         self.job.take()
@@ -79,10 +99,10 @@ pub async fn stored(
     state: &AppState,
     tenant: &Tenant,
     session: &str,
-    messages: &[Message],
+    early: &Early<'_>,
     ids: &[MessageId],
 ) -> Prepared {
-    if ids.len() != messages.len() || tenant.policy.summary.is_none() {
+    if ids.len() != early.given().len() || tenant.policy.summary.is_none() {
         return Prepared::default();
     }
     let latest = match state.store.list_summaries(&tenant.name, session).await {
@@ -97,7 +117,9 @@ pub async fn stored(
             None
         }
     };
-    applied_to(latest, ids)
+    let mut prepared = applied_to(latest, ids);
+    prepared.withhold_unseen(early);
+    prepared
 }
 
 /// The summary stored for the branch ending at the conversation's last message, which the
@@ -146,6 +168,7 @@ fn applied_to(latest: Option<Summary>, ids: &[MessageId]) -> Prepared {
                 covers_until,
             }),
         seq: latest.as_ref().zip(index).map(|(s, _)| s.covers_until),
+        tools_seen: latest.as_ref().and_then(|s| s.tools_seen.clone()),
         latest_id: latest.map(|s| s.id),
         job: None,
         blocked_for: std::time::Duration::ZERO,
@@ -166,6 +189,7 @@ pub async fn prepare(
     facts: ModelFacts,
 ) -> Prepared {
     let mut prepared = stored_at_leaf(state, tenant, session, early.given(), ids).await;
+    prepared.withhold_unseen(early);
     let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
         return prepared;
     };
@@ -196,6 +220,22 @@ pub async fn prepare(
         "summary due"
     );
     let covered = covered(&entries, &plan);
+    // What the new summary will have read: the one it rolls forward, and these messages.
+    let tools_seen = match &prepared.applied {
+        Some(_) => prepared.tools_seen.clone(),
+        None => Some(Vec::new()),
+    }
+    .map(|mut seen| {
+        seen.extend(
+            covered
+                .iter()
+                .flat_map(|e| tools_called(e.message))
+                .map(str::to_string),
+        );
+        seen.sort_unstable();
+        seen.dedup();
+        seen
+    });
     let job = Job {
         state: state.clone(),
         tenant: tenant.clone(),
@@ -206,6 +246,7 @@ pub async fn prepare(
         messages: covered.iter().map(|e| e.message.clone()).collect(),
         replaces_tokens: previous_tokens + covered.iter().map(|e| e.tokens).sum::<u64>(),
         anchor,
+        tools_seen: tools_seen.clone(),
         encoding,
         authorization: authorization(tenant, headers),
         ticket,
@@ -224,6 +265,7 @@ pub async fn prepare(
         });
         prepared.seq = Some(made.covers_until);
         prepared.latest_id = Some(made.id);
+        prepared.tools_seen = tools_seen;
     }
     prepared
 }

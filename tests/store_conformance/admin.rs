@@ -172,6 +172,7 @@ pub async fn delete_removes_the_session_and_everything_in_it(fx: &Fixture) {
             text: "sum".into(),
             token_count: 1,
             model: None,
+            tools_seen: None,
         },
     )
     .await
@@ -278,6 +279,13 @@ pub async fn summaries_keep_history_and_follow_the_branch(fx: &Fixture) {
         text: text.into(),
         token_count: 7,
         model: Some("gpt-4o-mini".into()),
+        // Recorded for the later one only: a summary made before they were has none.
+        tools_seen: (text == "second").then(|| {
+            vec![
+                "get_weather".to_string(),
+                "item:web_search_call".to_string(),
+            ]
+        }),
     };
     s.insert_summary("t", "sum", &new(ids[1], 1, "first"))
         .await
@@ -287,7 +295,18 @@ pub async fn summaries_keep_history_and_follow_the_branch(fx: &Fixture) {
         .unwrap();
     let latest = s.latest_summary("t", "sum", None).await.unwrap().unwrap();
     assert_eq!((latest.text.as_str(), latest.covers_until), ("second", 3));
-    assert_eq!(s.list_summaries("t", "sum").await.unwrap().len(), 2);
+    assert_eq!(
+        latest.tools_seen.as_deref(),
+        Some(
+            &[
+                "get_weather".to_string(),
+                "item:web_search_call".to_string()
+            ][..]
+        )
+    );
+    let all = s.list_summaries("t", "sum").await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].tools_seen, None);
 
     // A branch that left the main line after m1 only sees the summary anchored on its path.
     let mut fork = main[..2].to_vec();

@@ -220,7 +220,7 @@ pub(super) async fn insert_summary(
     let created_at = Timestamp::now();
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO summaries (tenant, session_id, anchor_id, covers_until, text, token_count, \
-         model, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+         model, created_at, tools_seen) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
     )
     .bind(tenant)
     .bind(session)
@@ -230,6 +230,7 @@ pub(super) async fn insert_summary(
     .bind(s.token_count)
     .bind(&s.model)
     .bind(created_at.millis())
+    .bind(tools_seen_json(s.tools_seen.as_deref()))
     .fetch_one(pool)
     .await?;
     Ok(Summary {
@@ -240,11 +241,12 @@ pub(super) async fn insert_summary(
         token_count: s.token_count,
         model: s.model.clone(),
         created_at,
+        tools_seen: s.tools_seen.clone(),
     })
 }
 
 const SUMMARY_COLUMNS: &str =
-    "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at";
+    "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at, x.tools_seen";
 
 fn summary_from_row(row: &PgRow) -> Result<Summary> {
     let anchor: Vec<u8> = row.try_get("anchor_id")?;
@@ -256,6 +258,7 @@ fn summary_from_row(row: &PgRow) -> Result<Summary> {
         token_count: row.try_get("token_count")?,
         model: row.try_get("model")?,
         created_at: Timestamp(row.try_get("created_at")?),
+        tools_seen: tools_seen_from(row.try_get("tools_seen")?),
     })
 }
 

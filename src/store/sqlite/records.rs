@@ -224,7 +224,8 @@ pub(super) fn insert_summary(
     let id: i64 = conn
         .prepare_cached(
             "INSERT INTO summaries (tenant, session_id, anchor_id, covers_until, text, \
-             token_count, model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+             token_count, model, created_at, tools_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             RETURNING id",
         )?
         .query_row(
             params![
@@ -235,7 +236,8 @@ pub(super) fn insert_summary(
                 s.text,
                 s.token_count,
                 s.model,
-                created_at.millis()
+                created_at.millis(),
+                tools_seen_json(s.tools_seen.as_deref())
             ],
             |row| row.get(0),
         )?;
@@ -247,11 +249,12 @@ pub(super) fn insert_summary(
         token_count: s.token_count,
         model: s.model.clone(),
         created_at,
+        tools_seen: s.tools_seen.clone(),
     })
 }
 
 const SUMMARY_COLUMNS: &str =
-    "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at";
+    "x.id, x.anchor_id, x.covers_until, x.text, x.token_count, x.model, x.created_at, x.tools_seen";
 
 fn summary_from_row(row: &Row<'_>) -> Result<Summary> {
     let anchor: Vec<u8> = row.get("anchor_id")?;
@@ -263,6 +266,7 @@ fn summary_from_row(row: &Row<'_>) -> Result<Summary> {
         token_count: row.get("token_count")?,
         model: row.get("model")?,
         created_at: Timestamp(row.get("created_at")?),
+        tools_seen: tools_seen_from(row.get("tools_seen")?),
     })
 }
 
