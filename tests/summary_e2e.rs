@@ -1000,3 +1000,43 @@ async fn a_summary_that_read_a_tool_a_role_may_not_use_is_not_given_to_that_role
         .count();
     assert_eq!(made, 2);
 }
+
+/// In a `keys: any` tenant the summariser call is made with the triggering request's credential
+/// as that request sent it upstream, also when it is Azure's `api-key` header rather than a
+/// bearer token, and with the client's query (Azure's `api-version`), as the request went.
+#[tokio::test]
+async fn a_summariser_call_carries_the_client_s_credential_and_query_as_its_request_did() {
+    let (proxy, mock) = proxy_and_mock(opts(true)).await;
+    script(&mock, 200, "AZURE facts");
+    let mut history = vec![system()];
+    for n in 1..=40 {
+        history.push(user(n));
+        let resp = client()
+            .post(format!(
+                "{}/chat/completions?api-version=2024-10-21",
+                proxy.base_url()
+            ))
+            .header("api-key", "AZUREKEY123")
+            .header("x-session-id", SESSION)
+            .json(&json!({"model": "test-model", "messages": history}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        history.push(v["choices"][0]["message"].clone());
+        if mock.requests().iter().any(is_summary_request) {
+            break;
+        }
+    }
+    let seen = mock.requests();
+    let asked = seen
+        .iter()
+        .find(|r| is_summary_request(r))
+        .expect("a summary");
+    let request = seen.iter().find(|r| !is_summary_request(r)).unwrap();
+    for r in [asked, request] {
+        assert_eq!(r.headers["api-key"], "AZUREKEY123");
+        assert_eq!(r.query.as_deref(), Some("api-version=2024-10-21"));
+    }
+}

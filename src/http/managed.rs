@@ -425,6 +425,7 @@ async fn forward(
     let request = Request {
         call,
         headers: client_headers,
+        query,
         body_bytes: bytes.len(),
     };
     drop(bytes);
@@ -448,6 +449,8 @@ async fn forward(
 struct Request<'a> {
     call: Call,
     headers: &'a HeaderMap,
+    /// Its query string, sent on upstream (Azure's `api-version`, an SDK's `default_query`).
+    query: Option<&'a str>,
     /// The size of its body: how heavy parsing and rewriting it is (`crate::cpu`).
     body_bytes: usize,
 }
@@ -464,6 +467,7 @@ async fn prepare(
     let Request {
         mut call,
         headers,
+        query,
         body_bytes,
     } = request;
     let tenant = &selected.tenant;
@@ -615,7 +619,7 @@ async fn prepare(
         state,
         config,
         tenant,
-        headers,
+        crate::summarize::ClientRequest { headers, query },
         &cut,
         &mut call,
         rewrite::Conversation {

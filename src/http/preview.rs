@@ -139,7 +139,11 @@ async fn preview(
         &state,
         &config,
         &tenant,
-        &headers,
+        // A preview makes no summary: the query a summariser call would send is not needed.
+        crate::summarize::ClientRequest {
+            headers: &headers,
+            query: None,
+        },
         &cut,
         &mut call,
         Conversation {

@@ -134,7 +134,7 @@ pub async fn rewrite(
     state: &Arc<AppState>,
     config: &Config,
     tenant: &Arc<Tenant>,
-    headers: &HeaderMap,
+    client: summarize::ClientRequest<'_>,
     cut: &ToolCut,
     call: &mut Call,
     conversation: Conversation<'_>,
@@ -184,7 +184,7 @@ pub async fn rewrite(
             let early = crate::cpu::run_heavy(heavy, || context::begin(input, &state.tokens))?;
             let mut summary = match purpose {
                 Purpose::Live => {
-                    summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
+                    summarize::prepare(state, tenant, session, client, &early, ids, facts).await
                 }
                 Purpose::Preview => summarize::stored(state, tenant, session, &early, ids).await,
             };
@@ -277,7 +277,7 @@ pub async fn rewrite(
             // proxy could not name get none rather than a guessed one.
             let mut summary = match (&item_ids, purpose) {
                 (Some(ids), Purpose::Live) => {
-                    summarize::prepare(state, tenant, session, headers, &early, ids, facts).await
+                    summarize::prepare(state, tenant, session, client, &early, ids, facts).await
                 }
                 (Some(ids), Purpose::Preview) => {
                     summarize::stored(state, tenant, session, &early, ids).await

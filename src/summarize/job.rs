@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::HeaderValue;
+use axum::http::HeaderMap;
 use tracing::Instrument;
 
 use super::jobs::Ticket;
@@ -46,8 +46,10 @@ pub struct Job {
     /// the previous one's are not known).
     pub(crate) tools_seen: Option<Vec<String>>,
     pub(crate) encoding: Encoding,
-    /// Sent to the summariser; never logged.
-    pub(crate) authorization: Option<HeaderValue>,
+    /// The credential headers sent to the summariser; never logged.
+    pub(crate) credentials: HeaderMap,
+    /// The client's query, sent on as its request's was (Azure's `api-version`).
+    pub(crate) query: Option<String>,
     pub(crate) ticket: Ticket,
 }
 
@@ -175,7 +177,8 @@ impl Job {
             .client(Duration::from_secs(up.connect_timeout_s))?;
         let target = Target {
             base_url: &self.tenant.upstream_base,
-            authorization: self.authorization.as_ref(),
+            credentials: &self.credentials,
+            query: self.query.as_deref(),
             client: &client,
             timeout: Duration::from_secs(up.timeout_s),
         };

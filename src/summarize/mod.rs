@@ -16,7 +16,7 @@ pub mod request;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use crate::app::AppState;
 use crate::config::Tenant;
@@ -26,9 +26,18 @@ use crate::context::{
 use crate::conversation::{Message, MessageId};
 use crate::store::Summary;
 use crate::tokens::ModelFacts;
+use crate::upstream::headers::{self, UpstreamAuth};
 
 pub use job::Job;
 pub use jobs::Jobs;
+
+/// What of the client's request a summariser call sends on as the request itself goes
+/// upstream: its credential (for `keys: any`) and its query (Azure's `api-version`).
+#[derive(Clone, Copy)]
+pub struct ClientRequest<'a> {
+    pub headers: &'a HeaderMap,
+    pub query: Option<&'a str>,
+}
 
 /// The summary side of one request: what the pipeline applies, and the job to start (if any)
 /// once the answer is stored.
@@ -183,7 +192,7 @@ pub async fn prepare(
     state: &Arc<AppState>,
     tenant: &Arc<Tenant>,
     session: &str,
-    headers: &HeaderMap,
+    client: ClientRequest<'_>,
     early: &Early<'_>,
     ids: &[MessageId],
     facts: ModelFacts,
@@ -248,7 +257,8 @@ pub async fn prepare(
         anchor,
         tools_seen: tools_seen.clone(),
         encoding,
-        authorization: authorization(tenant, headers),
+        credentials: credentials(tenant, client.headers),
+        query: headers::query_to_upstream(client.query, client.headers, &upstream_auth(tenant)),
         ticket,
     };
     if !policy.blocking {
@@ -280,15 +290,37 @@ fn covered<'e, 'm>(entries: &'e [Entry<'m>], plan: &SummaryPlan) -> Vec<&'e Entr
         .collect()
 }
 
-/// The Authorization the summariser call sends: the tenant's key, or for `keys: any` (nothing
-/// stored) the one of the request that triggered the job.
-fn authorization(tenant: &Tenant, headers: &HeaderMap) -> Option<HeaderValue> {
-    let mut value = if tenant.forwards_client_key() {
-        headers.get(header::AUTHORIZATION).cloned()
+/// How the tenant authenticates upstream, as for the request itself.
+fn upstream_auth(tenant: &Tenant) -> UpstreamAuth {
+    if tenant.forwards_client_key() {
+        UpstreamAuth::Forward
     } else {
-        let key = tenant.upstream_key.as_ref()?;
-        HeaderValue::from_str(&format!("Bearer {key}")).ok()
-    }?;
-    value.set_sensitive(true);
-    Some(value)
+        UpstreamAuth::Replace(tenant.upstream_key.clone())
+    }
+}
+
+/// The credential headers the summariser call sends: the tenant's key, or for `keys: any`
+/// (nothing stored) those of the request that triggered the job, as that request sent them
+/// upstream (`Authorization`, or Azure's `api-key`, or `x-api-key`). Marked sensitive.
+fn credentials(tenant: &Tenant, client: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    match upstream_auth(tenant) {
+        UpstreamAuth::Forward => {
+            for name in [header::AUTHORIZATION.as_str(), "api-key", "x-api-key"] {
+                if let Some(value) = client.get(name) {
+                    out.insert(HeaderName::from_static(name), value.clone());
+                }
+            }
+        }
+        UpstreamAuth::Replace(Some(key)) => {
+            if let Ok(value) = HeaderValue::from_str(&format!("Bearer {key}")) {
+                out.insert(header::AUTHORIZATION, value);
+            }
+        }
+        UpstreamAuth::Replace(None) => {}
+    }
+    for value in out.values_mut() {
+        value.set_sensitive(true);
+    }
+    out
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::context::compress::compress;
 use crate::conversation::{Message, Role};
 use crate::error::{Error, Result};
-use crate::tokens::Encoding;
+use crate::tokens::{Encoding, legacy_function_call, part_text};
 use crate::upstream::{self, Outgoing, map_reqwest};
 
 /// Words every summariser request carries, whatever the tenant's prompt says, so a provider log
@@ -76,7 +76,7 @@ impl SummaryRequest<'_> {
 
     /// One message as transcript lines.
     fn transcribe(&self, m: &Message, out: &mut String) {
-        let mut text = m.text_content();
+        let mut text = readable_text(m);
         if (m.role == Role::Tool || m.role == Role::Function)
             && let Some(short) = compress(self.encoding, &text, self.tool_tokens)
         {
@@ -95,25 +95,50 @@ impl SummaryRequest<'_> {
         if !text.is_empty() {
             out.push_str(&format!("[{who}] {}\n", text.trim()));
         }
+        // Arguments can be as long as results; they get the same treatment.
+        let shortened = |args: &str| {
+            compress(self.encoding, args, self.tool_tokens).unwrap_or_else(|| args.to_string())
+        };
         for call in m.tool_calls() {
-            // Arguments can be as long as results; they get the same treatment.
-            let args = compress(self.encoding, call.arguments(), self.tool_tokens)
-                .unwrap_or_else(|| call.arguments().to_string());
             out.push_str(&format!(
-                "[{who} calls {} ({})] {args}\n",
+                "[{who} calls {} ({})] {}\n",
                 call.name(),
-                call.id
+                call.id,
+                shortened(call.arguments())
             ));
         }
+        // Chat's deprecated single call: its `function` result is transcribed, so is the call.
+        if let Some((name, arguments)) = legacy_function_call(m) {
+            out.push_str(&format!("[{who} calls {name}] {}\n", shortened(arguments)));
+        }
     }
+}
+
+/// What a message says, as the summariser reads it: its text, or its text parts one per line
+/// (a refusal part included), and a chat assistant's `refusal`. The summary replaces the
+/// message, so anything left out here is lost from every later request.
+fn readable_text(m: &Message) -> String {
+    let mut lines: Vec<&str> = match &m.content {
+        Some(Value::String(s)) => vec![s.as_str()],
+        Some(Value::Array(parts)) => parts.iter().filter_map(part_text).collect(),
+        _ => Vec::new(),
+    };
+    if let Some(refusal) = m.extra.get("refusal").and_then(Value::as_str) {
+        lines.push(refusal);
+    }
+    lines.retain(|l| !l.trim().is_empty());
+    lines.join("\n")
 }
 
 /// Where and how to send the summariser call.
 pub struct Target<'a> {
     /// The tenant's upstream base URL, without a trailing slash.
     pub base_url: &'a str,
-    /// The Authorization to send: the tenant's key, or the triggering client's for `keys: any`.
-    pub authorization: Option<&'a HeaderValue>,
+    /// The credential headers to send: the tenant's key, or the triggering client's for
+    /// `keys: any`.
+    pub credentials: &'a HeaderMap,
+    /// The client's query, sent on as its request's was (Azure's `api-version`).
+    pub query: Option<&'a str>,
     pub client: &'a reqwest::Client,
     /// The whole call's time limit.
     pub timeout: Duration,
@@ -127,16 +152,14 @@ pub async fn summarise(target: &Target<'_>, body: &Value) -> Result<String> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Some(auth) = target.authorization {
-        headers.insert(header::AUTHORIZATION, auth.clone());
-    }
+    headers.extend(target.credentials.clone());
     let bytes = serde_json::to_vec(body).map_err(|e| Error::Internal(e.to_string()))?;
     let call = async {
         let resp = upstream::send(
             target.client,
             Outgoing {
                 method: axum::http::Method::POST,
-                url: crate::upstream::url(target.base_url, "/chat/completions", None),
+                url: crate::upstream::url(target.base_url, "/chat/completions", target.query),
                 headers,
                 body: reqwest::Body::from(bytes),
                 header_timeout: target.timeout,
@@ -206,6 +229,35 @@ mod tests {
         assert!(task.contains("[tool result (call_1)]"));
         assert!(task.len() < 1000, "tool output was shortened: {task}");
         assert_eq!(body["messages"][0]["content"], DEFAULT_PROMPT);
+    }
+
+    /// The summary replaces what it covers, so everything a message says must reach the
+    /// summariser: a chat refusal, a legacy `function_call`, a Responses refusal part, and text
+    /// parts kept apart.
+    #[test]
+    fn refusals_legacy_calls_and_every_text_part_are_transcribed() {
+        let v = serde_json::json!([
+            {"role": "assistant", "content": null, "refusal": "I refuse 0"},
+            {"role": "assistant", "content": null,
+                "function_call": {"name": "lookup", "arguments": "{\"q\": \"LEGACY-ARG\"}"}},
+            {"role": "function", "name": "lookup", "content": "LEGACY-RESULT"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "PARTS ANSWER one"},
+                {"type": "refusal", "refusal": "PART REFUSAL"},
+                {"type": "output_text", "text": "PARTS ANSWER two"}]}
+        ]);
+        let msgs: Vec<Message> = serde_json::from_value(v).unwrap();
+        let body = request(&msgs, None).body();
+        let task = body["messages"][1]["content"].as_str().unwrap();
+        assert!(task.contains("[assistant] I refuse 0"), "{task}");
+        assert!(
+            task.contains("[assistant calls lookup] {\"q\": \"LEGACY-ARG\"}"),
+            "{task}"
+        );
+        assert!(task.contains("[function (lookup)] LEGACY-RESULT"), "{task}");
+        assert!(
+            task.contains("[assistant] PARTS ANSWER one\nPART REFUSAL\nPARTS ANSWER two"),
+            "{task}"
+        );
     }
 
     #[test]
