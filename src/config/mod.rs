@@ -283,7 +283,9 @@ impl Config {
             // A file with problems still goes on to the checks below with what of it could be
             // read, so its other problems and warnings are reported in the same run.
             let before = problems.len();
-            if let Some(tf) = read_yaml::<TenantFile>(&file, &label, &mut problems) {
+            if let Some((tf, emptied)) =
+                read_yaml_emptying::<TenantFile>(&file, &label, &mut problems)
+            {
                 let read: Vec<String> = problems[before..]
                     .iter()
                     .map(|p| p.message.clone())
@@ -296,6 +298,12 @@ impl Config {
                     &label,
                     &read,
                 );
+                // A list emptied in the reading is not the file's: what the checks say of it
+                // (an empty `keys`, its entries) is not true of the file.
+                for list in &emptied {
+                    found.retain(|p| !speaks_of(&p.message, list));
+                    warns.retain(|p| !speaks_of(&p.message, list));
+                }
                 problems.append(&mut found);
                 warnings.append(&mut warns);
                 tenants.push((label.clone(), Arc::new(tenant)));
@@ -415,21 +423,42 @@ fn read_yaml<T: serde::de::DeserializeOwned>(
     label: &str,
     problems: &mut Vec<Problem>,
 ) -> Option<T> {
+    match read_yaml_emptying(file, label, problems) {
+        Some((value, emptied)) if emptied.is_empty() => Some(value),
+        _ => None,
+    }
+}
+
+/// [`read_yaml`], except that a list which lost a bad entry is emptied in the value rather than
+/// the value given up (`yaml::parse_all_emptying`): the rest of the file is still checked. The
+/// key paths of the emptied lists come with it; checks must not speak of them.
+fn read_yaml_emptying<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<(T, Vec<String>)> {
     let problem = |message: String| Problem {
         file: label.to_string(),
         message,
     };
     match std::fs::read_to_string(file) {
         Ok(text) => {
-            let (value, found) = yaml::parse_all(&text);
-            problems.extend(found.into_iter().map(problem));
-            value
+            let parsed = yaml::parse_all_emptying(&text);
+            problems.extend(parsed.problems.into_iter().map(problem));
+            parsed.value.map(|value| (value, parsed.emptied))
         }
         Err(e) => {
             problems.push(problem(format!("cannot read: {e}")));
             None
         }
     }
+}
+
+/// Whether `message` (a problem or warning, `path: detail`) is about the list at `path`.
+fn speaks_of(message: &str, path: &str) -> bool {
+    message
+        .strip_prefix(path)
+        .is_some_and(|rest| rest.starts_with(':') || rest.starts_with('[') || rest.starts_with('.'))
 }
 
 /// Applies the environment's overrides; true when the database URL came from it.

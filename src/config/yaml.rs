@@ -2,7 +2,7 @@
 //! serde-saphyr alone reports only as line and column. Type errors are reworded for people
 //! editing YAML (`expected an integer` rather than serde-saphyr's `invalid u64`): SPEC section 1
 //! quotes that wording for check-config. Every problem in a file is reported, not only the first
-//! one serde stops at (`parse_all`).
+//! one serde stops at (`parse_all_emptying`).
 
 mod tree;
 
@@ -25,6 +25,16 @@ where
 /// More passes than any hand-written file has problems; a bound so a surprise cannot loop.
 const MAX_PASSES: usize = 1000;
 
+/// What [`parse_all_emptying`] read.
+pub struct Parsed<T> {
+    /// The value read with the bad entries cut out, and every list that lost an entry emptied.
+    pub value: Option<T>,
+    pub problems: Vec<String>,
+    /// The key paths (`keys`, `tools.roles.viewer`) of the lists emptied in `value`: checks on
+    /// the value say nothing true about them (their entries are not the file's).
+    pub emptied: Vec<String>,
+}
+
 /// Parses `text` into `T` and reports every problem found, each naming its key path, not only
 /// the first one serde stops at.
 ///
@@ -34,10 +44,18 @@ const MAX_PASSES: usize = 1000;
 /// rest is read again, until it loads or nothing more can be cut. A file that is not YAML at all
 /// has one problem, its syntax error. The value returned is the one read with the bad entries
 /// cut out (defaults in their place), for the checks that follow reading; `None` when even that
-/// failed, or when a list entry had to be cut (the value's indexes would not be the file's).
-pub fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
-    let (value, problems) = parse_all_raw(text);
-    (value, problems.iter().map(|p| without_advice(p)).collect())
+/// failed.
+///
+/// A list that lost an entry is emptied in the value (its remaining entries would be named by
+/// the wrong index) and named in [`Parsed::emptied`], so that checks on the rest of the file
+/// still run and report their problems in the same pass.
+pub fn parse_all_emptying<T: DeserializeOwned>(text: &str) -> Parsed<T> {
+    let (value, problems, emptied) = parse_all_raw(text);
+    Parsed {
+        value,
+        problems: problems.iter().map(|p| without_advice(p)).collect(),
+        emptied,
+    }
 }
 
 /// A parser message without advice meant for the parser's API user, which a config file's
@@ -48,9 +66,9 @@ fn without_advice(problem: &str) -> String {
         .to_string()
 }
 
-fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
+fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>, Vec<String>) {
     let mut failure = match attempt::<T>(text) {
-        Ok(value) => return (Some(value), Vec::new()),
+        Ok(value) => return (Some(value), Vec::new(), Vec::new()),
         Err(f) => f,
     };
     // Read with the same booleans as `attempt`: else `off` becomes `false` in the tree, and a
@@ -70,7 +88,7 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             } else {
                 problems.push(syntax);
             }
-            return (None, problems);
+            return (None, problems, Vec::new());
         }
     };
     failure.refine(&tree);
@@ -84,9 +102,22 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             break;
         };
         match attempt::<T>(&text) {
+            Ok(value) if !cuts.shifted_indexes() => return (Some(value), problems, Vec::new()),
             // With a list entry cut, later entries moved up: checks on the value would name
-            // them by the wrong index, so the value is only given when none was.
-            Ok(value) => return ((!cuts.shifted_indexes()).then_some(value), problems),
+            // them by the wrong index. Those lists are emptied instead, and named.
+            Ok(_) => {
+                let lists = cuts.shortened_lists();
+                for list in &lists {
+                    if let Some(node) = tree.at_mut(list) {
+                        *node = Node::Seq(Vec::new());
+                    }
+                }
+                let emptied = lists.iter().map(|l| display(&cuts.original(l))).collect();
+                let value = serde_saphyr::to_string(&tree)
+                    .ok()
+                    .and_then(|text| attempt::<T>(&text).ok());
+                return (value, problems, emptied);
+            }
             Err(mut next) => {
                 next.refine(&tree);
                 // A problem without a path would carry a position in the rewritten text, not in
@@ -101,7 +132,7 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
             }
         }
     }
-    (None, problems)
+    (None, problems, Vec::new())
 }
 
 /// One pass's error: where it is, what kind it is, and its message without the path.
@@ -282,6 +313,15 @@ mod tests {
     use super::*;
     use serde::Deserialize;
 
+    /// The value only when no list was emptied, and the problems.
+    fn parse_all<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>) {
+        let parsed = parse_all_emptying::<T>(text);
+        (
+            parsed.value.filter(|_| parsed.emptied.is_empty()),
+            parsed.problems,
+        )
+    }
+
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Inner {
@@ -428,5 +468,23 @@ mod tests {
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert_eq!(problems[0], "limits: expected a mapping");
         assert!(problems[1].contains("line 2"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_list_that_lost_an_entry_is_emptied_and_the_rest_still_read() {
+        let parsed = parse_all_emptying::<Doc>(
+            "entries:\n  - name: a\n  - weight: 1\nlimits: { size: 7, grace: x }\n",
+        );
+        assert_eq!(
+            parsed.problems,
+            [
+                "entries[1].name: required key is missing",
+                "limits.grace: expected an integer"
+            ]
+        );
+        assert_eq!(parsed.emptied, ["entries"]);
+        let doc = parsed.value.expect("the rest is read");
+        assert!(doc.entries.is_empty());
+        assert_eq!(doc.limits.size, 7);
     }
 }

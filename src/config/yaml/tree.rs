@@ -37,6 +37,17 @@ impl Cuts {
         !self.removed_items.is_empty()
     }
 
+    /// The lists that lost an entry, as paths in the tree as cut, each once.
+    pub(super) fn shortened_lists(&self) -> Vec<Vec<Seg>> {
+        let mut lists: Vec<Vec<Seg>> = Vec::new();
+        for (list, _) in &self.removed_items {
+            if !lists.contains(list) {
+                lists.push(list.clone());
+            }
+        }
+        lists
+    }
+
     /// Cuts the entry that an error of `kind` at `path` points at; false when there is nothing
     /// that can be cut.
     pub(super) fn cut(&mut self, tree: &mut Node, path: &[Seg], kind: &Kind) -> bool {
@@ -115,7 +126,7 @@ pub(super) enum Node {
 }
 
 impl Node {
-    fn at_mut(&mut self, path: &[Seg]) -> Option<&mut Node> {
+    pub(super) fn at_mut(&mut self, path: &[Seg]) -> Option<&mut Node> {
         let Some((first, rest)) = path.split_first() else {
             return Some(self);
         };
