@@ -1,11 +1,14 @@
 //! Property tests over random conversations, valid and broken: whatever the policy, the output
 //! satisfies the repair invariant, keeps the instructions and the current turn, is a fixed point
-//! of the pipeline, and fits the token budget whenever what must be kept fits.
+//! of the pipeline, and fits the token budget whenever what must be kept fits; likewise for
+//! Responses items, reasoning among them.
 
+mod items_support;
 mod support;
 
 use ctxproxy::context::{PipelineInput, Policy, run};
-use ctxproxy::conversation::{Message, Role};
+use ctxproxy::conversation::responses_items::to_items;
+use ctxproxy::conversation::{ItemMessages, Message, Role};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -206,5 +209,57 @@ proptest! {
         let again = run(PipelineInput::new(&out.messages, &policy, facts), &counter).unwrap();
         prop_assert_eq!(&again.messages, &out.messages);
         prop_assert_eq!(again.report.tokens_out, out.report.tokens_out);
+    }
+}
+
+/// Any Responses item, from a small pool of call ids, reasoning often: lone, before a call, an
+/// answer or the client's next message.
+fn any_item() -> impl Strategy<Value = Value> {
+    let id = || (0..4u8).prop_map(|i| format!("c{i}"));
+    prop_oneof![
+        3 => text().prop_map(|t| json!({"role": "user", "content": t})),
+        2 => text().prop_map(|t| json!({"type": "message", "role": "assistant",
+            "content": [{"type": "output_text", "text": t, "annotations": []}]})),
+        3 => (id(), 0..3usize).prop_map(|(i, n)| json!({"type": "function_call", "call_id": i,
+            "name": NAMES[n], "arguments": "{}"})),
+        3 => (id(), text()).prop_map(|(i, t)| json!({"type": "function_call_output",
+            "call_id": i, "output": t})),
+        3 => (0..3u8).prop_map(|i| json!({"type": "reasoning", "id": format!("rs_{i}"),
+            "summary": []})),
+        1 => Just(json!({"type": "web_search_call", "id": "ws_1", "status": "completed"})),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever the items and the policy, what is sent satisfies the repair invariant and
+    /// every reasoning item in it leads an item of its reply (which the provider wants), and it
+    /// is a fixed point: rewriting it again sends the same items (but for a late result moved
+    /// back to its history call, compressed on the next run, as above).
+    #[test]
+    fn responses_items_out_are_accepted_and_stable(
+        items in prop::collection::vec(any_item(), 0..20),
+        policy in policy(),
+    ) {
+        let counter = TokenCounter::new();
+        let facts = model(false);
+        let send = |items: &[Value]| {
+            let conv = ItemMessages::new(None, items);
+            let out = run(conv.pipeline_input(&policy, facts), &counter).unwrap();
+            (to_items(&out.messages), out.messages)
+        };
+        let (sent, messages) = send(&items);
+        let valid = check_valid(&messages).and_then(|()| items_support::check_reasoning(&sent));
+        if let Err(e) = valid {
+            return Err(TestCaseError::fail(format!("{e}\nin: {items:?}\nout: {sent:?}")));
+        }
+        let given = ItemMessages::new(None, &items).messages;
+        let sent = if policy.compress_tool_output.is_some() && has_late_history_result(&given) {
+            send(&sent).0
+        } else {
+            sent
+        };
+        prop_assert_eq!(send(&sent).0, sent);
     }
 }

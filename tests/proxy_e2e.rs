@@ -987,7 +987,8 @@ async fn upstream_error_event_mid_chat_stream_fails_the_request() {
     );
 }
 
-/// An upstream whose answer body breaks off (the connection is reset) after `chunks`.
+/// An upstream whose answer body (chat or Responses) breaks off (the connection is reset)
+/// after `chunks`.
 async fn breaking_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
     use axum::routing::post;
     let answer = move || {
@@ -1006,7 +1007,9 @@ async fn breaking_sse_upstream(chunks: Vec<bytes::Bytes>) -> String {
             )
         }
     };
-    let app = axum::Router::new().route("/v1/chat/completions", post(answer));
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(answer.clone()))
+        .route("/v1/responses", post(answer));
     serve_upstream(app).await
 }
 
@@ -1155,6 +1158,59 @@ async fn responses_failed_and_error_events_fail_the_request() {
             String::from_utf8_lossy(&relayed),
             String::from_utf8_lossy(&sent),
             "{session}: relayed unchanged"
+        );
+        proxy.wait_for_records("default", session, 1).await;
+        let records = proxy.request_records("default", session).await;
+        assert_eq!(records[0]["status"], 502, "{session}: {records:?}");
+        let stored = proxy.stored_messages("default", session).await;
+        assert_eq!(stored.len(), 1, "{session}: only the input: {stored:?}");
+    }
+}
+
+/// A Responses stream that stops mid-item, after an earlier item finished, with no terminal
+/// event (the connection closed, or broken): cut short like one that stops before any item
+/// (SPEC 3): the client gets an error event, the record says 502 and nothing of the half reply
+/// is appended.
+#[tokio::test]
+async fn a_responses_stream_cut_after_an_item_finished_is_cut_short() {
+    let reasoning = json!({"type": "reasoning", "id": "rs_1", "summary": []});
+    let message = json!({"type": "message", "id": "msg_1", "role": "assistant",
+        "status": "in_progress", "content": []});
+    let events = [
+        json!({"type": "response.created", "response": {"id": "resp_cut", "status": "in_progress", "output": []}}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": reasoning}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": reasoning}),
+        json!({"type": "response.output_item.added", "output_index": 1, "item": message}),
+        json!({"type": "response.output_text.delta", "output_index": 1, "content_index": 0,
+            "item_id": "msg_1", "delta": "hello "}),
+    ];
+    let chunks: Vec<bytes::Bytes> = events
+        .iter()
+        .map(|e| {
+            let name = e["type"].as_str().unwrap();
+            bytes::Bytes::from(format!("event: {name}\ndata: {e}\n\n"))
+        })
+        .collect();
+    let closed = raw_sse_upstream(chunks.clone()).await;
+    let broken = breaking_sse_upstream(chunks).await;
+    for (session, upstream) in [("s-closed", closed), ("s-broken", broken)] {
+        let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+        let resp = client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .header("x-session-id", session)
+            .json(&json!({"model": "m", "stream": true, "input": "q"}))
+            .send()
+            .await
+            .unwrap();
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.contains("hello "),
+            "{session}: relayed as it came: {text}"
+        );
+        let last: Value = serde_json::from_str(sse_data(&text).last().unwrap()).unwrap();
+        assert_eq!(
+            last["error"]["code"], "upstream_unreachable",
+            "{session}: {text}"
         );
         proxy.wait_for_records("default", session, 1).await;
         let records = proxy.request_records("default", session).await;

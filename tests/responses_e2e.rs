@@ -850,3 +850,95 @@ async fn the_wait_for_a_streaming_response_is_bounded_by_the_tenant_timeout() {
     );
     while first.chunk().await.unwrap().is_some() {}
 }
+
+/// A fake Responses upstream that answers a request of one input item (a conversation's first
+/// turn) as a reasoning model cut off by `max_output_tokens` does: `incomplete`, with a
+/// reasoning item and nothing after it. Later turns get a plain message. Returns its `/v1` base
+/// URL and the bodies it received, in order.
+async fn reasoning_only_upstream() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::routing::post;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let log = seen.clone();
+    let answer = move |axum::Json(body): axum::Json<Value>| {
+        let log = log.clone();
+        async move {
+            let n = {
+                let mut log = log.lock().unwrap();
+                log.push(body.clone());
+                log.len()
+            };
+            let first = body["input"].as_array().is_none_or(|i| i.len() == 1);
+            let reply = if first {
+                json!({"id": format!("resp_c{n}"), "object": "response", "status": "incomplete",
+                    "incomplete_details": {"reason": "max_output_tokens"},
+                    "output": [{"type": "reasoning", "id": "rs_c5", "summary": []}]})
+            } else {
+                json!({"id": format!("resp_c{n}"), "object": "response", "status": "completed",
+                    "output": [{"type": "message", "id": format!("msg_{n}"), "role": "assistant",
+                        "status": "completed",
+                        "content": [{"type": "output_text", "text": "fine", "annotations": []}]}]})
+            };
+            axum::Json(reply)
+        }
+    };
+    let app = axum::Router::new().route("/v1/responses", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/v1"), seen)
+}
+
+/// The audit's case (SPEC 5 step 7, 7): a reply that is only a reasoning item (a reasoning
+/// model that hit `max_output_tokens`) is stored as it came, but a later turn does not send
+/// that reasoning item, which OpenAI refuses without the item it led; repair reports it. Both
+/// for a server-history session and for a `previous_response_id` chain.
+#[tokio::test]
+async fn a_reply_of_reasoning_alone_is_not_sent_on_later_turns() {
+    let (upstream, seen) = reasoning_only_upstream().await;
+    let server = "keys: any\nupstream:\n  base_url: {upstream}\nsession:\n  history: server\n";
+    let opts = ProxyOptions::default().only_tenant("default", server);
+    let proxy = Proxy::start(opts, &upstream).await;
+    let ask = |input: &str| {
+        client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .header("x-session-id", "s-rs")
+            .json(&json!({"model": "o3", "input": input}))
+            .send()
+    };
+    let first: Value = ask("hard question").await.unwrap().json().await.unwrap();
+    assert_eq!(first["status"], "incomplete");
+    let resp = ask("second").await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let sent = seen.lock().unwrap()[1]["input"].clone();
+    assert_eq!(
+        sent,
+        json!([{"role": "user", "content": "hard question"}, {"role": "user", "content": "second"}]),
+        "the reasoning item goes only with an item it leads"
+    );
+    // Stored as received, reasoning included; the record names the reasoning as repaired.
+    let kept = stored(&proxy, "s-rs").await;
+    assert_eq!(kept[1], output(&first)[0], "{kept:?}");
+    assert_eq!(kept.len(), 4, "{kept:?}");
+    let records = proxy.request_records("default", "s-rs").await;
+    let repaired = &records[1]["report"]["repaired"];
+    assert_eq!(
+        repaired,
+        &json!([{"index": 1, "kind": "empty_assistant"}]),
+        "{records:?}"
+    );
+
+    // A `previous_response_id` chain, in client history mode: the same.
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let (first, _) = respond(&proxy, &json!({"model": "o3", "input": "hard question"})).await;
+    let (_, _) = respond(
+        &proxy,
+        &json!({"model": "o3", "input": "second", "previous_response_id": first["id"]}),
+    )
+    .await;
+    let sent = seen.lock().unwrap().last().unwrap()["input"].clone();
+    assert_eq!(
+        types(sent.as_array().unwrap()),
+        ["message", "message"],
+        "{sent}"
+    );
+}

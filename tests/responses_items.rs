@@ -648,6 +648,7 @@ fn an_unmodelled_item_is_counted_by_the_text_it_carries() {
             json!({"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": query}}),
             json!({"type": "mcp_call", "id": "mcp_1", "name": "lookup", "arguments": "{\"q\":1}", "output": "three temples", "server_label": "maps"}),
             json!({"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "gAAAA".repeat(50)}),
+            json!({"role": "assistant", "content": "three are open late"}),
             json!({"role": "user", "content": "which one?"}),
         ]
     };
@@ -790,5 +791,78 @@ fn images_in_unmodelled_items_cost_what_an_image_costs() {
             json!({"type": "mcp_call", "id": "m", "name": "n", "arguments": "{}", "output": text});
         let conv = ItemMessages::new(None, &[item]);
         assert!(conv.messages[0].text_content().contains(text), "{text}");
+    }
+}
+
+/// A reply that is reasoning alone (a reasoning model cut off by `max_output_tokens`), then the
+/// client's next item: the reasoning leads nothing of its reply, which OpenAI refuses, so repair
+/// drops it and names it; reasoning before an item of its reply (an assistant message, a
+/// built-in tool's call) stays. The mapping still gives back every item, and the output is a
+/// fixed point of the pipeline.
+#[test]
+fn reasoning_that_leads_nothing_of_its_reply_is_repaired_away() {
+    let rs = |id: &str| json!({"type": "reasoning", "id": id, "summary": []});
+    let user = |t: &str| json!({"role": "user", "content": t});
+    let call = json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+    let answer = json!({"type": "message", "role": "assistant",
+        "content": [{"type": "output_text", "text": "ok", "annotations": []}]});
+    let search = json!({"type": "web_search_call", "id": "ws_1", "status": "completed"});
+    let empty = RepairKind::EmptyAssistant;
+    // The items, and what repair reports.
+    type Case = (Vec<Value>, Vec<(usize, RepairKind)>);
+    let cases: Vec<Case> = vec![
+        // Followed by the next user message (history), or by nothing at all (the current turn).
+        (
+            vec![user("hard"), rs("rs_1"), user("second")],
+            vec![(1, empty)],
+        ),
+        (
+            vec![user("hard"), rs("rs_1"), rs("rs_2")],
+            vec![(1, empty), (2, empty)],
+        ),
+        // Before a call's output (its call gone), and after a call turn whose outputs follow.
+        (
+            vec![
+                user("q"),
+                call.clone(),
+                rs("rs_1"),
+                json!({"type": "function_call_output", "call_id": "c1", "output": "1"}),
+                user("next"),
+            ],
+            vec![(2, empty)],
+        ),
+        // Before items of its reply: kept.
+        (
+            vec![user("q"), rs("rs_1"), answer.clone(), user("next")],
+            vec![],
+        ),
+        (
+            vec![
+                user("q"),
+                rs("rs_1"),
+                search.clone(),
+                rs("rs_2"),
+                answer,
+                user("next"),
+            ],
+            vec![],
+        ),
+    ];
+    for (items, want) in cases {
+        let conv = ItemMessages::new(None, &items);
+        assert_eq!(to_items(&conv.messages), items, "mapped back verbatim");
+        let out = rewrite(&conv, json!({}));
+        let sent = to_items(&out.messages);
+        check_items(&sent).unwrap_or_else(|e| panic!("{e}: {sent:?}"));
+        let report = item_report(&conv, &items, &out);
+        assert_eq!(repaired(&report), want, "{items:?}");
+        let kept: Vec<Value> = (0..items.len())
+            .filter(|k| !want.iter().any(|(i, _)| i == k))
+            .map(|k| items[k].clone())
+            .collect();
+        assert_eq!(sent, kept, "only the lone reasoning goes");
+        let again = rewrite(&ItemMessages::new(None, &sent), json!({}));
+        assert_eq!(to_items(&again.messages), sent, "a fixed point");
+        assert!(again.report.repaired.is_empty());
     }
 }

@@ -3,8 +3,10 @@
 //! other role between them; every call id is answered exactly once; no assistant message is
 //! left with neither content nor tool calls. Orphan results are dropped, late results moved back
 //! to their call, duplicate ids keep the first, unanswered calls are dropped or answered with
-//! `[no result recorded]`. An assistant message's empty `tool_calls` array (older clients send
-//! `[]`), which OpenAI refuses, loses the key; that message is then judged by its content alone.
+//! `[no result recorded]`. A Responses reasoning item that leads no item of its reply (see
+//! `responses_items`) is dropped as an empty assistant message. An assistant message's empty
+//! `tool_calls` array (older clients send `[]`), which OpenAI refuses, loses the key; that
+//! message is then judged by its content alone.
 //!
 //! Results stay in the order they came in: those already right after their call first, then the
 //! moved ones, then made-up ones, so a conversation that is already valid comes out unchanged.
@@ -17,6 +19,7 @@ use super::removal::has_payload;
 use super::report::{Change, RepairKind, Repaired};
 use super::segments::link_results;
 use super::work::{Item, Msg, Work, record_calls};
+use crate::conversation::responses_items::is_lone_reasoning;
 use crate::conversation::{Message, Role};
 
 pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
@@ -28,7 +31,12 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
     let links = link_results(items.iter().map(|i| &*i.msg));
     let n = items.len();
     let original: Vec<Option<usize>> = items.iter().map(|i| i.index).collect();
-    let is_tool: Vec<bool> = items.iter().map(|i| i.msg.role == Role::Tool).collect();
+    // The tool block after a call: its results, and lone reasoning among them, which goes (so
+    // a result after one is in place, not moved).
+    let in_block: Vec<bool> = items
+        .iter()
+        .map(|i| i.msg.role == Role::Tool || is_lone_reasoning(&i.msg))
+        .collect();
 
     // Which position answers each call, first come first served; later ones are duplicates.
     let mut answer: Vec<Vec<Option<usize>>> = items
@@ -113,7 +121,7 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                 // Results already in place (the tool block right after the call), then moved ones.
                 let mut results: Vec<usize> = answer[pos].iter().flatten().copied().collect();
                 results.sort_unstable();
-                let block_end = (pos + 1..n).find(|&p| !is_tool[p]).unwrap_or(n);
+                let block_end = (pos + 1..n).find(|&p| !in_block[p]).unwrap_or(n);
                 let (in_place, moved): (Vec<usize>, Vec<usize>) =
                     results.into_iter().partition(|&r| r < block_end);
                 for r in in_place.into_iter().chain(moved.iter().copied()) {
@@ -138,6 +146,11 @@ pub(crate) fn apply(work: &mut Work<'_>, policy: &Repair) {
                 }
             }
             Role::Assistant if !has_payload(&item.msg) => {
+                repaired.push((pos, RepairKind::EmptyAssistant));
+            }
+            // An assistant turn that is nothing but reasoning, as empty as one with neither
+            // content nor calls; the provider refuses it.
+            _ if is_lone_reasoning(&item.msg) => {
                 repaired.push((pos, RepairKind::EmptyAssistant));
             }
             Role::Assistant if has_empty_calls(&item.msg) => {
@@ -203,6 +216,7 @@ fn already_valid(items: &[Item<'_>]) -> bool {
                 pos += block;
             }
             Role::Assistant if !has_payload(msg) || has_empty_calls(msg) => return false,
+            _ if is_lone_reasoning(msg) => return false,
             _ => {}
         }
     }

@@ -1,9 +1,11 @@
 //! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
 //! task reads the upstream, feeds every chunk to the reply accumulator and passes it on at once,
 //! except the chunk that completes the stream's last event (a chat stream's `[DONE]`, a
-//! Responses stream's `response.completed`), which waits until the reply is stored; it keeps reading after the client hangs up so the full reply is still stored.
-//! A stream fails when the transport does, when it stalls, when the upstream sends an error event
-//! of its own, or when a chat stream stops before it finished (see `reply::StreamFailure`).
+//! Responses stream's `response.completed`), which waits until the reply is stored; it keeps
+//! reading after the client hangs up so the full reply is still stored. A stream fails when the
+//! transport does, when it stalls, when the upstream sends an error event of its own, or when it
+//! stops before it finished (a chat stream without a finish reason, a Responses stream without
+//! its terminal event; see `reply::StreamFailure`).
 
 use std::future::Future;
 use std::sync::Arc;

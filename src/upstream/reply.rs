@@ -1,8 +1,9 @@
 //! Rebuilding the model's reply from what the upstream sent: the whole JSON body, or the SSE
 //! events of a stream (chat deltas merged by choice and tool-call index; Responses events read
 //! from `response.completed`, or from the finished items when that never comes). A stream also
-//! says whether it ended as a whole answer: an error event of the upstream's own, or a chat
-//! stream that stops before any finish reason or `[DONE]`, leaves only part of one.
+//! says whether it ended as a whole answer: an error event of the upstream's own, a chat
+//! stream that stops before any finish reason or `[DONE]`, or a Responses stream that stops
+//! before its terminal event, leaves only part of one.
 
 use std::collections::BTreeMap;
 
@@ -66,8 +67,9 @@ pub enum StreamFailure {
     /// The upstream sent an error event (chat `data: {"error": ...}`, Responses `error` or
     /// `response.failed`), with its message. The client has had that event already.
     Reported(String),
-    /// A chat stream ended with no finish reason on any choice and no `[DONE]`: the upstream
-    /// stopped mid-answer without saying why.
+    /// A chat stream ended with no finish reason on any choice and no `[DONE]`, or a Responses
+    /// stream with no terminal event (`response.completed` and the like): the upstream stopped
+    /// mid-answer without saying why.
     CutShort,
 }
 
@@ -311,19 +313,17 @@ impl StreamAccumulator {
             Some(message) => Some(StreamFailure::Reported(message)),
             // A chat stream ends with a finish reason and then `[DONE]`; one that has neither
             // stopped mid-answer. (An upstream that leaves out one of the two still counts as
-            // finished.) Responses streams keep their finished items when no terminal event
-            // comes, see `finish_responses`.
+            // finished.)
             None if self.kind == ApiKind::Chat
                 && !self.done
                 && self.chat.values().all(|c| c.finish_reason.is_none()) =>
             {
                 Some(StreamFailure::CutShort)
             }
-            // A Responses stream with no terminal event and not one finished item stopped before
-            // it answered anything.
-            None if self.kind == ApiKind::Responses && !self.done && self.items.is_empty() => {
-                Some(StreamFailure::CutShort)
-            }
+            // A Responses stream ends with its terminal event; without one it stopped
+            // mid-answer, whatever items finished before (a reasoning item, then half a
+            // message): nothing says the items done are all there was to be.
+            None if self.kind == ApiKind::Responses && !self.done => Some(StreamFailure::CutShort),
             None => None,
         };
         let reply = match self.kind {
@@ -1056,19 +1056,34 @@ mod tests {
     }
 
     #[test]
-    fn a_responses_stream_without_a_terminal_event_or_a_finished_item_is_cut_short() {
+    fn a_responses_stream_without_a_terminal_event_is_cut_short() {
         let created = json!({"type": "response.created", "response": {"id": "r1", "output": []}});
-        let delta = json!({"type": "response.output_text.delta", "output_index": 0, "delta": "Ha"});
+        let delta = json!({"type": "response.output_text.delta", "output_index": 1, "delta": "Ha"});
         let body = format!("data: {created}\n\ndata: {delta}\n\n");
         let mut acc = StreamAccumulator::new(ApiKind::Responses);
         acc.feed(body.as_bytes());
         assert_eq!(acc.finish().failure, Some(StreamFailure::CutShort));
-        // A finished item is kept (README), as is an answer with its terminal event.
+        // Also after an item finished: the next one was under way.
         let item = json!({"type": "response.output_item.done", "output_index": 0,
-            "item": {"type": "message", "role": "assistant", "content": []}});
-        let mut kept = StreamAccumulator::new(ApiKind::Responses);
-        kept.feed(format!("{body}data: {item}\n\n").as_bytes());
-        assert_eq!(kept.finish().failure, None);
+            "item": {"type": "reasoning", "id": "rs_1", "summary": []}});
+        let body = format!("data: {created}\n\ndata: {item}\n\ndata: {delta}\n\n");
+        let mut cut = StreamAccumulator::new(ApiKind::Responses);
+        cut.feed(body.as_bytes());
+        assert_eq!(cut.finish().failure, Some(StreamFailure::CutShort));
+        // An answer with its terminal event is whole.
+        for end in ["response.completed", "response.incomplete"] {
+            let last = json!({"type": end, "response": {"id": "r1", "output": []}});
+            let mut whole = StreamAccumulator::new(ApiKind::Responses);
+            whole.feed(format!("{body}data: {last}\n\n").as_bytes());
+            assert_eq!(whole.finish().failure, None, "{end}");
+        }
+        // So is one that ends with `[DONE]` (a server that sends no terminal event): its reply
+        // is the items it finished (SPEC 7).
+        let mut done = StreamAccumulator::new(ApiKind::Responses);
+        done.feed(format!("{body}data: [DONE]\n\n").as_bytes());
+        let streamed = done.finish();
+        assert_eq!(streamed.failure, None);
+        assert_eq!(streamed.reply.messages.len(), 1);
     }
 
     #[test]

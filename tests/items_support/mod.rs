@@ -18,10 +18,34 @@ fn call_id(item: &Value) -> String {
     item["call_id"].as_str().unwrap_or_default().to_string()
 }
 
+/// Whether a reasoning item may come right before `item`: an item of the model's reply (a call,
+/// an assistant message, another output item or reasoning), not a message of another role or a
+/// tool's output, which is what OpenAI refuses ("provided without its required following item").
+fn reasoning_may_precede(item: &Value) -> bool {
+    match item["type"].as_str() {
+        None | Some("message") => item["role"] == "assistant",
+        Some(t) => !t.ends_with("_output") && t != "mcp_approval_response",
+    }
+}
+
+/// Every `reasoning` item is followed by an item of its reply; `Err` names the first that is not.
+pub fn check_reasoning(items: &[Value]) -> Result<(), String> {
+    for (i, item) in items.iter().enumerate() {
+        if item["type"] == "reasoning" && !items.get(i + 1).is_some_and(reasoning_may_precede) {
+            return Err(format!(
+                "reasoning at {i} is not followed by an item it leads"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Every `function_call_output` answers an earlier `function_call` with its `call_id`, exactly
 /// once, and every call is answered (custom tools' `custom_tool_call` / `custom_tool_call_output`
-/// alike); `Err` says what is wrong and where.
+/// alike); every `reasoning` item is followed by an item of its reply; `Err` says what is wrong
+/// and where.
 pub fn check_items(items: &[Value]) -> Result<(), String> {
+    check_reasoning(items)?;
     let mut open: HashSet<String> = HashSet::new();
     let mut answered: HashSet<String> = HashSet::new();
     for (i, item) in items.iter().enumerate() {

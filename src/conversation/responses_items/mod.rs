@@ -14,6 +14,9 @@
 //!   `call_id`.
 //! - `reasoning` items travel with the item that follows them: inside a run of calls they lead
 //!   the calls after them up to the next reasoning, and are dropped with them (see [`emit`]).
+//!   Reasoning followed by nothing of its reply (a reply that is reasoning alone, then the next
+//!   user message; the end of the input) stands alone as an `item:reasoning` message, which
+//!   repair drops as an empty assistant turn: the provider refuses it (SPEC 5 step 7).
 //! - Every other item (`web_search_call`, `item_reference`, types not yet invented, …) becomes an
 //!   opaque message with role `item:<type>` and no content: no step removes or changes such a
 //!   message except the token budget, which drops old history whole turns at a time.
@@ -111,16 +114,21 @@ impl ItemMessages {
         let kinds = std::mem::take(&mut out.kinds);
         let mut i = 0;
         while i < items.len() {
-            // Reasoning items lead whatever follows them; trailing ones stand alone.
-            let start = i;
+            // Reasoning items lead the item of their reply that follows them; reasoning followed
+            // by nothing it can lead (the end, the client's next message) stands alone, each
+            // item a message of its own, which repair drops.
+            let mut start = i;
             while i < items.len() && kinds[i] == Kind::Reasoning {
                 i += 1;
             }
-            if i == items.len() {
+            if i == items.len() || !reasoning_leads(kinds[i], &items[i]) {
                 for k in start..i {
                     out.push(opaque(&items[k..=k]), Some(k), Some(k..k + 1));
                 }
-                break;
+                if i == items.len() {
+                    break;
+                }
+                start = i;
             }
             match kinds[i] {
                 Kind::Call => {
@@ -363,6 +371,33 @@ fn with_originals(mut m: Message, items: &[Value]) -> Message {
     m.extra
         .insert(ORIGINAL_KEY.into(), Value::Array(items.to_vec()));
     m
+}
+
+/// Whether a reasoning item can lead `item` (of kind `kind`): only an item the model produced
+/// in the same reply, which is what the provider wants after a reasoning item (it refuses one
+/// "provided without its required following item"): a call, an assistant message, another
+/// output item (a built-in tool's call, an item reference, a type not yet invented). Not what a
+/// client adds after a reply: a message of another role, a tool's output
+/// (`function_call_output`, `computer_call_output`, …), an MCP approval response. A reply that
+/// is reasoning alone (a reasoning model cut off by `max_output_tokens`) is followed by such.
+fn reasoning_leads(kind: Kind, item: &Value) -> bool {
+    match kind {
+        Kind::Call | Kind::Reasoning => true,
+        Kind::Message => item.get("role").and_then(Value::as_str) == Some("assistant"),
+        Kind::Output => false,
+        Kind::Opaque => match item.get("type").and_then(Value::as_str) {
+            // A message with a role outside the API (a chat `tool` message) is no output.
+            None | Some("message") => false,
+            Some(t) => !t.ends_with("_output") && t != "mcp_approval_response",
+        },
+    }
+}
+
+/// Whether `m` is a reasoning item that leads nothing (see [`ItemMessages::new`]): the
+/// provider refuses it, and repair drops it.
+pub fn is_lone_reasoning(m: &Message) -> bool {
+    matches!(&m.role, Role::Other(r) if r.strip_prefix(ITEM_ROLE_PREFIX) == Some("reasoning"))
+        && m.extra.contains_key(ORIGINAL_KEY)
 }
 
 /// Where a run of calls starting at `i` ends: calls, and reasoning that leads a further call.
