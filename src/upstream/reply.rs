@@ -91,6 +91,9 @@ pub struct StreamAccumulator {
     /// `response.output_text.delta` text by output index (with the item's id), for a server
     /// that sends the text and never the items it belongs to.
     text_deltas: BTreeMap<u64, (Option<String>, String)>,
+    /// Output indexes of Responses items begun (`response.output_item.added`, or a delta) and
+    /// not yet done: a stream that stops with one open stopped mid-item.
+    open_items: std::collections::BTreeSet<u64>,
     completed: Option<Value>,
     usage: Option<Value>,
     id: Option<String>,
@@ -269,6 +272,7 @@ impl StreamAccumulator {
             chat: BTreeMap::new(),
             items: BTreeMap::new(),
             text_deltas: BTreeMap::new(),
+            open_items: Default::default(),
             completed: None,
             usage: None,
             id: None,
@@ -320,10 +324,15 @@ impl StreamAccumulator {
             {
                 Some(StreamFailure::CutShort)
             }
-            // A Responses stream ends with its terminal event; without one it stopped
-            // mid-answer, whatever items finished before (a reasoning item, then half a
-            // message): nothing says the items done are all there was to be.
-            None if self.kind == ApiKind::Responses && !self.done => Some(StreamFailure::CutShort),
+            // A Responses stream ends with its terminal event. Without one, the reply is the
+            // items it finished (SPEC 7), unless there are none or one was still under way (a
+            // reasoning item done, then half a message): then it stopped mid-answer.
+            None if self.kind == ApiKind::Responses
+                && !self.done
+                && (self.items.is_empty() || !self.open_items.is_empty()) =>
+            {
+                Some(StreamFailure::CutShort)
+            }
             None => None,
         };
         let reply = match self.kind {
@@ -496,6 +505,7 @@ impl StreamAccumulator {
                     .get("output_index")
                     .and_then(Value::as_u64)
                     .unwrap_or(self.items.len() as u64);
+                self.open_items.remove(&index);
                 // Taken, not copied: an item may carry a whole base64 image.
                 if let Some(item) = v.get_mut("item").map(Value::take) {
                     self.items.insert(index, item);
@@ -520,6 +530,15 @@ impl StreamAccumulator {
             // The stream's last word, as `[DONE]` is a chat stream's (its error was read above).
             "response.failed" => self.done = true,
             _ => {}
+        }
+        // Any item event before its `done` (added, a delta of text, arguments, a refusal, ...)
+        // says the item is under way.
+        if kind.starts_with("response.")
+            && kind != "response.output_item.done"
+            && let Some(index) = v.get("output_index").and_then(Value::as_u64)
+            && !self.items.contains_key(&index)
+        {
+            self.open_items.insert(index);
         }
     }
 
@@ -1084,6 +1103,26 @@ mod tests {
         let streamed = done.finish();
         assert_eq!(streamed.failure, None);
         assert_eq!(streamed.reply.messages.len(), 1);
+        // And one whose every begun item finished, with no terminal event: the reply is its
+        // items (SPEC 7: "or the items, if it never comes").
+        let added = json!({"type": "response.output_item.added", "output_index": 1,
+            "item": {"type": "message", "role": "assistant", "content": []}});
+        let text = json!({"type": "response.output_text.delta", "output_index": 1, "delta": "Hi"});
+        let message = json!({"type": "response.output_item.done", "output_index": 1,
+            "item": {"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Hi"}]}});
+        let all_done = format!(
+            "data: {created}\n\ndata: {item}\n\ndata: {added}\n\ndata: {text}\n\ndata: {message}\n\n"
+        );
+        let mut finished = StreamAccumulator::new(ApiKind::Responses);
+        finished.feed(all_done.as_bytes());
+        let streamed = finished.finish();
+        assert_eq!(streamed.failure, None);
+        assert_eq!(streamed.reply.messages.len(), 2);
+        // But not when an item was only added when it stopped.
+        let mut begun = StreamAccumulator::new(ApiKind::Responses);
+        begun.feed(format!("data: {created}\n\ndata: {item}\n\ndata: {added}\n\n").as_bytes());
+        assert_eq!(begun.finish().failure, Some(StreamFailure::CutShort));
     }
 
     #[test]
