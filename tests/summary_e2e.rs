@@ -1040,3 +1040,72 @@ async fn a_summariser_call_carries_the_client_s_credential_and_query_as_its_requ
         assert_eq!(r.query.as_deref(), Some("api-version=2024-10-21"));
     }
 }
+
+/// Roles taking turns on one session: when the newest summary is one a viewer may not see, the
+/// viewer gets the best one it may see and rolls that forward, rather than going without a
+/// summary and summarising its whole history again on every turn.
+#[tokio::test]
+async fn a_role_rolls_its_own_summary_forward_while_another_role_s_is_newer() {
+    let opts = ProxyOptions::default().only_tenant("default", &two_roles_tenant());
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let mut messages = scrubbed_history();
+    let call = |id: &str, name: &str| {
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+            "function": {"name": name, "arguments": "{}"}}]})
+    };
+    let mut viewer_inputs = Vec::new();
+    for (turn, role) in [
+        "admin", "viewer", "admin", "viewer", "admin", "viewer", "viewer",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        script(
+            &mock,
+            200,
+            &format!("{}-SUMMARY-{turn}", role.to_uppercase()),
+        );
+        let seen = mock.requests().len();
+        let (reply, report) = turn_as(&proxy, role, &messages).await;
+        assert_eq!(report["summary"]["used"], true, "turn {turn}: {report}");
+        if role == "viewer" {
+            let asked = mock.requests()[seen..].to_vec();
+            let sent = asked.iter().find(|r| !is_summary_request(r)).unwrap();
+            let sent = String::from_utf8_lossy(&sent.body).to_string();
+            assert!(!sent.contains("ADMIN-SUMMARY"), "turn {turn}: {sent}");
+            for hidden in HIDDEN {
+                assert!(
+                    !sent.contains(hidden),
+                    "turn {turn}: {hidden} went upstream"
+                );
+            }
+            viewer_inputs.extend(
+                asked
+                    .iter()
+                    .filter(|r| is_summary_request(r))
+                    .map(summary_input),
+            );
+        }
+        // Each turn adds an admin-only call and its secret result, and a new question.
+        let id = format!("s{turn}");
+        messages.push(reply);
+        messages.push(user(10 + turn));
+        messages.push(call(&id, "get_account_balance"));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "BALANCE-4242"}));
+        messages.push(json!({"role": "assistant", "content": format!("noted {turn}")}));
+        messages.push(user(20 + turn));
+    }
+    // The viewer summarised from nothing once; every later viewer summary rolled its own
+    // previous one forward.
+    assert!(!viewer_inputs.is_empty());
+    let from_nothing = viewer_inputs
+        .iter()
+        .filter(|i| i.contains("Previous summary: none."))
+        .count();
+    assert_eq!(from_nothing, 1, "{viewer_inputs:#?}");
+    for input in &viewer_inputs {
+        for hidden in HIDDEN {
+            assert!(!input.contains(hidden), "{hidden} reached the summariser");
+        }
+    }
+}

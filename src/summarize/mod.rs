@@ -75,22 +75,6 @@ impl Prepared {
         }
     }
 
-    /// Leaves the stored summary out when this request's role may not see what it folded in
-    /// (SPEC 6 `scrub_history`, see `Early::may_see_summary`); a job may then make one from
-    /// what this request sees.
-    fn withhold_unseen(&mut self, early: &Early<'_>) {
-        if let Some(applied) = &self.applied
-            && !early.may_see_summary(self.tools_seen.as_deref(), applied.covers_until)
-        {
-            tracing::debug!(
-                "the stored summary folded in tools this role may not use; not applied"
-            );
-            self.applied = None;
-            self.seq = None;
-            self.tools_seen = None;
-        }
-    }
-
     /// The job to start after the answer, if one is due.
     pub fn take_job(&mut self) -> Option<Job> {
         self.job.take()
@@ -114,21 +98,74 @@ pub async fn stored(
     if ids.len() != early.given().len() || tenant.policy.summary.is_none() {
         return Prepared::default();
     }
-    let latest = match state.store.list_summaries(&tenant.name, session).await {
+    match state.store.list_summaries(&tenant.name, session).await {
         Ok(all) => {
-            let on_path: HashSet<&MessageId> = ids.iter().collect();
-            all.into_iter()
-                .filter(|s| on_path.contains(&s.anchor))
-                .max_by_key(|s| (s.covers_until, s.created_at, s.id))
+            let latest = best_on_path(&all, ids).next().map(|s| s.id);
+            Prepared {
+                latest_id: latest,
+                ..best_visible(&all, ids, early)
+            }
         }
         Err(e) => {
             tracing::warn!(error = %e, "could not load the stored summaries; previewing without");
-            None
+            Prepared::default()
+        }
+    }
+}
+
+/// The summaries of `all` anchored on the conversation whose ids are `ids` (ids are chained,
+/// so an anchor among them is on its branch), best first: covering most, then newest.
+fn best_on_path<'s>(all: &'s [Summary], ids: &[MessageId]) -> impl Iterator<Item = &'s Summary> {
+    let on_path: HashSet<&MessageId> = ids.iter().collect();
+    let mut found: Vec<&Summary> = all.iter().filter(|s| on_path.contains(&s.anchor)).collect();
+    found.sort_by_key(|s| std::cmp::Reverse((s.covers_until, s.created_at, s.id)));
+    found.into_iter()
+}
+
+/// The best summary of `all` on this conversation's branch that this request's role may see
+/// (SPEC 6 `scrub_history`, see `Early::may_see_summary`), mapped onto the conversation.
+fn best_visible(all: &[Summary], ids: &[MessageId], early: &Early<'_>) -> Prepared {
+    best_on_path(all, ids)
+        .map(|s| applied_to(Some(s.clone()), ids))
+        .find(|p| {
+            p.applied
+                .as_ref()
+                .is_some_and(|a| early.may_see_summary(p.tools_seen.as_deref(), a.covers_until))
+        })
+        .unwrap_or_default()
+}
+
+/// `prepared` (the branch's newest summary) when this request's role may see it; else the
+/// best one on the branch it may see, which rolls forward from there. A role that may not see
+/// what a wider role's summary read would otherwise go without a summary, and summarise its
+/// whole history again, on every turn. `latest_id` stays the branch's newest, which a job
+/// checks it against.
+async fn visible_to_role(
+    state: &AppState,
+    tenant: &Tenant,
+    session: &str,
+    early: &Early<'_>,
+    ids: &[MessageId],
+    prepared: Prepared,
+) -> Prepared {
+    let Some(applied) = &prepared.applied else {
+        return prepared;
+    };
+    if early.may_see_summary(prepared.tools_seen.as_deref(), applied.covers_until) {
+        return prepared;
+    }
+    tracing::debug!("the newest summary read tools this role may not use; looking for another");
+    let visible = match state.store.list_summaries(&tenant.name, session).await {
+        Ok(all) => best_visible(&all, ids, early),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not load the stored summaries; sending without");
+            Prepared::default()
         }
     };
-    let mut prepared = applied_to(latest, ids);
-    prepared.withhold_unseen(early);
-    prepared
+    Prepared {
+        latest_id: prepared.latest_id,
+        ..visible
+    }
 }
 
 /// The summary stored for the branch ending at the conversation's last message, which the
@@ -197,8 +234,8 @@ pub async fn prepare(
     ids: &[MessageId],
     facts: ModelFacts,
 ) -> Prepared {
-    let mut prepared = stored_at_leaf(state, tenant, session, early.given(), ids).await;
-    prepared.withhold_unseen(early);
+    let newest = stored_at_leaf(state, tenant, session, early.given(), ids).await;
+    let mut prepared = visible_to_role(state, tenant, session, early, ids, newest).await;
     let (Some(policy), Some(&leaf)) = (tenant.policy.summary.as_ref(), ids.last()) else {
         return prepared;
     };
