@@ -16,9 +16,5 @@ pub fn select(config: &Config, headers: &HeaderMap) -> Result<Selected> {
 
 /// How this tenant authenticates upstream.
 pub fn upstream_auth(selected: &Selected) -> UpstreamAuth {
-    if selected.tenant.forwards_client_key() {
-        UpstreamAuth::Forward
-    } else {
-        UpstreamAuth::Replace(selected.tenant.upstream_key.clone())
-    }
+    UpstreamAuth::of(&selected.tenant)
 }

@@ -295,7 +295,7 @@ pub async fn prepare(
         tools_seen: tools_seen.clone(),
         encoding,
         credentials: credentials(tenant, client.headers),
-        query: headers::query_to_upstream(client.query, client.headers, &upstream_auth(tenant)),
+        query: headers::query_to_upstream(client.query, client.headers, &UpstreamAuth::of(tenant)),
         ticket,
     };
     if !policy.blocking {
@@ -327,21 +327,12 @@ fn covered<'e, 'm>(entries: &'e [Entry<'m>], plan: &SummaryPlan) -> Vec<&'e Entr
         .collect()
 }
 
-/// How the tenant authenticates upstream, as for the request itself.
-fn upstream_auth(tenant: &Tenant) -> UpstreamAuth {
-    if tenant.forwards_client_key() {
-        UpstreamAuth::Forward
-    } else {
-        UpstreamAuth::Replace(tenant.upstream_key.clone())
-    }
-}
-
 /// The credential headers the summariser call sends: the tenant's key, or for `keys: any`
 /// (nothing stored) those of the request that triggered the job, as that request sent them
 /// upstream (`Authorization`, or Azure's `api-key`, or `x-api-key`). Marked sensitive.
 fn credentials(tenant: &Tenant, client: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
-    match upstream_auth(tenant) {
+    match UpstreamAuth::of(tenant) {
         UpstreamAuth::Forward => {
             for name in [header::AUTHORIZATION.as_str(), "api-key", "x-api-key"] {
                 if let Some(value) = client.get(name) {

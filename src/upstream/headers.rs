@@ -40,6 +40,18 @@ pub enum UpstreamAuth {
     Replace(Option<String>),
 }
 
+impl UpstreamAuth {
+    /// How `tenant` authenticates upstream: `keys: any` forwards the client's key, listed keys
+    /// send the tenant's own.
+    pub fn of(tenant: &crate::config::Tenant) -> UpstreamAuth {
+        if tenant.forwards_client_key() {
+            UpstreamAuth::Forward
+        } else {
+            UpstreamAuth::Replace(tenant.upstream_key.clone())
+        }
+    }
+}
+
 /// The headers to send upstream for a client request. `keep_length` keeps `Content-Length`
 /// (pass-through of an unchanged body); managed routes send a new body and drop it, as they drop
 /// `Accept-Encoding` so the reply arrives in plain text for the store.
