@@ -1192,8 +1192,12 @@ async fn a_responses_stream_cut_after_an_item_finished_is_cut_short() {
         })
         .collect();
     let closed = raw_sse_upstream(chunks.clone()).await;
+    // A `[DONE]` is no terminal event: the message is still half made.
+    let mut with_done = chunks.clone();
+    with_done.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
+    let done = raw_sse_upstream(with_done).await;
     let broken = breaking_sse_upstream(chunks).await;
-    for (session, upstream) in [("s-closed", closed), ("s-broken", broken)] {
+    for (session, upstream) in [("s-closed", closed), ("s-done", done), ("s-broken", broken)] {
         let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
         let resp = client()
             .post(format!("{}/responses", proxy.base_url()))
@@ -1211,6 +1215,10 @@ async fn a_responses_stream_cut_after_an_item_finished_is_cut_short() {
         assert_eq!(
             last["error"]["code"], "upstream_unreachable",
             "{session}: {text}"
+        );
+        assert!(
+            !text.contains("data: [DONE]"),
+            "{session}: the error ends it: {text}"
         );
         proxy.wait_for_records("default", session, 1).await;
         let records = proxy.request_records("default", session).await;

@@ -145,6 +145,10 @@ where
         // told with one of ours.
         let reported = matches!(streamed.failure, Some(StreamFailure::Reported(_)));
         let error = error.or_else(|| streamed.failure.map(failure_error));
+        // A stream failed by the proxy's verdict ends with the proxy's error event (SPEC 3), not
+        // with a last event held back after it (a `[DONE]` after half an answer). An error the
+        // upstream reported itself may be that held event: it goes on.
+        let failed = error.is_some() && !reported;
         if let Some(err) = &error
             && !reported
             && !client_gone
@@ -167,6 +171,7 @@ where
         .await;
         drop(announced);
         if let Some(last) = held
+            && !failed
             && !client_gone
             && tx.send(Ok(last)).await.is_ok()
         {
@@ -216,7 +221,8 @@ fn failure_error(failure: StreamFailure) -> Error {
     let what = match failure {
         StreamFailure::Reported(message) => format!("the upstream sent an error event: {message}"),
         StreamFailure::CutShort => {
-            "it ended before the answer did (no finish_reason, [DONE] or response.completed)"
+            "it ended before the answer did (a chat stream with neither a finish_reason nor \
+             [DONE], or a Responses stream with nothing finished or an item left unfinished)"
                 .to_string()
         }
     };

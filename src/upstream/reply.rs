@@ -94,6 +94,9 @@ pub struct StreamAccumulator {
     /// Output indexes of Responses items begun (`response.output_item.added`, or a delta) and
     /// not yet done: a stream that stops with one open stopped mid-item.
     open_items: std::collections::BTreeSet<u64>,
+    /// A Responses stream's terminal event came (`response.completed`, `.incomplete`,
+    /// `.failed`); `[DONE]` ends a stream without being one.
+    terminal: bool,
     completed: Option<Value>,
     usage: Option<Value>,
     id: Option<String>,
@@ -273,6 +276,7 @@ impl StreamAccumulator {
             items: BTreeMap::new(),
             text_deltas: BTreeMap::new(),
             open_items: Default::default(),
+            terminal: false,
             completed: None,
             usage: None,
             id: None,
@@ -324,11 +328,12 @@ impl StreamAccumulator {
             {
                 Some(StreamFailure::CutShort)
             }
-            // A Responses stream ends with its terminal event. Without one, the reply is the
-            // items it finished (SPEC 7), unless there are none or one was still under way (a
-            // reasoning item done, then half a message): then it stopped mid-answer.
+            // A Responses stream ends with its terminal event. Without one (whether or not a
+            // `[DONE]` closed it), the reply is the items it finished (SPEC 7), unless there
+            // are none or one was still under way (a reasoning item done, then half a
+            // message): then it stopped mid-answer.
             None if self.kind == ApiKind::Responses
-                && !self.done
+                && !self.terminal
                 && (self.items.is_empty() || !self.open_items.is_empty()) =>
             {
                 Some(StreamFailure::CutShort)
@@ -526,9 +531,13 @@ impl StreamAccumulator {
                     self.completed = Some(resp);
                 }
                 self.done = true;
+                self.terminal = true;
             }
             // The stream's last word, as `[DONE]` is a chat stream's (its error was read above).
-            "response.failed" => self.done = true,
+            "response.failed" => {
+                self.done = true;
+                self.terminal = true;
+            }
             _ => {}
         }
         // Any item event before its `done` (added, a delta of text, arguments, a refusal, ...)
@@ -1096,10 +1105,10 @@ mod tests {
             whole.feed(format!("{body}data: {last}\n\n").as_bytes());
             assert_eq!(whole.finish().failure, None, "{end}");
         }
-        // So is one that ends with `[DONE]` (a server that sends no terminal event): its reply
-        // is the items it finished (SPEC 7).
+        // So is one that ends with `[DONE]` (a server that sends no terminal event) after
+        // every item it began finished: its reply is those items (SPEC 7).
         let mut done = StreamAccumulator::new(ApiKind::Responses);
-        done.feed(format!("{body}data: [DONE]\n\n").as_bytes());
+        done.feed(format!("data: {created}\n\ndata: {item}\n\ndata: [DONE]\n\n").as_bytes());
         let streamed = done.finish();
         assert_eq!(streamed.failure, None);
         assert_eq!(streamed.reply.messages.len(), 1);
@@ -1119,10 +1128,21 @@ mod tests {
         let streamed = finished.finish();
         assert_eq!(streamed.failure, None);
         assert_eq!(streamed.reply.messages.len(), 2);
-        // But not when an item was only added when it stopped.
-        let mut begun = StreamAccumulator::new(ApiKind::Responses);
-        begun.feed(format!("data: {created}\n\ndata: {item}\n\ndata: {added}\n\n").as_bytes());
-        assert_eq!(begun.finish().failure, Some(StreamFailure::CutShort));
+        // But not when an item was only added when it stopped, nor when nothing finished,
+        // `[DONE]` or not.
+        let begun = format!("data: {created}\n\ndata: {item}\n\ndata: {added}\n\n");
+        for end in ["", "data: [DONE]\n\n"] {
+            let mut cut = StreamAccumulator::new(ApiKind::Responses);
+            cut.feed(format!("{begun}{end}").as_bytes());
+            assert_eq!(cut.finish().failure, Some(StreamFailure::CutShort), "{end}");
+            let mut empty = StreamAccumulator::new(ApiKind::Responses);
+            empty.feed(format!("data: {created}\n\n{end}").as_bytes());
+            assert_eq!(
+                empty.finish().failure,
+                Some(StreamFailure::CutShort),
+                "{end}"
+            );
+        }
     }
 
     #[test]
