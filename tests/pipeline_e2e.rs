@@ -473,3 +473,50 @@ async fn a_request_of_megabytes_is_rewritten_and_stored_whole() {
     assert_eq!(stored.len(), messages.len(), "every message stored once");
     assert_eq!(stored[2]["content"], messages[2]["content"], "stored whole");
 }
+
+/// A conversation of nothing but what pair repair must drop (a tool result without its call; a
+/// Responses output or reasoning that leads nothing) would go upstream empty, which the
+/// provider refuses: a 400 naming the conversation, not forwarded, its turn stored, on the real
+/// route and the preview alike.
+#[tokio::test]
+async fn a_conversation_repair_empties_is_a_400_not_an_empty_request() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let cases = [
+        (
+            "/chat/completions",
+            json!({"model": "gpt-4o", "messages": [{"role": "tool", "tool_call_id": "x", "content": "o"}]}),
+            "messages",
+        ),
+        (
+            "/responses",
+            json!({"model": "gpt-4o", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}),
+            "input",
+        ),
+        (
+            "/responses",
+            json!({"model": "gpt-4o", "input": [{"type": "reasoning", "id": "rs_1", "summary": []}]}),
+            "input",
+        ),
+    ];
+    for (i, (path, body, param)) in cases.iter().enumerate() {
+        let session = format!("empty-{i}");
+        for url in [
+            format!("{}{path}", proxy.base_url()),
+            proxy.url(&format!("/ctxproxy/v1/preview{path}")),
+        ] {
+            let resp = client()
+                .post(&url)
+                .header("x-session-id", &session)
+                .json(body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 400, "{url}");
+            let v: Value = resp.json().await.unwrap();
+            assert_eq!(assert_openai_error(&v)["param"], *param, "{url}: {v}");
+        }
+        let stored = proxy.stored_messages("default", &session).await;
+        assert_eq!(stored.len(), 1, "the turn is stored: {stored:?}");
+    }
+    assert!(mock.requests().is_empty(), "nothing forwarded");
+}

@@ -69,6 +69,15 @@ impl Call {
         }
     }
 
+    /// A Responses request whose conversation is held elsewhere too (a `previous_response_id`,
+    /// a `conversation`, a `prompt`): its `input` may be empty. Never for chat.
+    pub fn continues_elsewhere(&self) -> bool {
+        match self {
+            Call::Chat(_) => false,
+            Call::Responses(r) => r.continues_elsewhere(),
+        }
+    }
+
     pub fn previous_response_id(&self) -> Option<&str> {
         match self {
             Call::Chat(_) => None,

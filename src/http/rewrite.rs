@@ -195,6 +195,7 @@ pub async fn rewrite(
             if purpose == Purpose::Live {
                 count_rewrites(&rewritten.report);
             }
+            left_to_send(rewritten.messages.len(), "messages")?;
             call.put_chat_messages(rewritten.messages);
             Ok(Outcome {
                 report: Some(rewritten.report),
@@ -286,7 +287,11 @@ pub async fn rewrite(
             };
             let rewritten = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?
                 .cloned_from(&conv.messages);
-            call.put_items(responses_items::to_items(&rewritten.messages));
+            let items = responses_items::to_items(&rewritten.messages);
+            if !call.continues_elsewhere() {
+                left_to_send(items.len(), "input")?;
+            }
+            call.put_items(items);
             let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             summary.fix_report(&mut report);
             if purpose == Purpose::Live {
@@ -299,6 +304,23 @@ pub async fn rewrite(
             })
         }
     }
+}
+
+/// 400 when pair repair left nothing of the conversation to send (it held only what repair
+/// must drop: a tool result without its call, reasoning that leads nothing). An empty list is
+/// what the provider refuses, as the proxy refuses one sent as such; the turn stays stored.
+fn left_to_send(sent: usize, param: &str) -> Result<()> {
+    if sent > 0 {
+        return Ok(());
+    }
+    Err(crate::error::Error::invalid(
+        format!(
+            "Invalid '{param}': nothing is left to send once the conversation is repaired (it \
+             holds only tool results without their calls, or reasoning without the item it \
+             leads). Expected at least one message."
+        ),
+        Some(param.to_string()),
+    ))
 }
 
 /// Steps 5–7 of the pipeline with the summary `prepare` (or `stored`) found. A summary job
