@@ -979,3 +979,42 @@ async fn an_unknown_previous_response_id_does_not_skip_the_history_scrub() {
     assert_eq!(sent["input"], Value::Array(kept), "{sent}");
     assert!(!sent.to_string().contains("SECRET"));
 }
+
+/// A reasoning item leads every item of its reply, not only the first: when the scrub drops a
+/// built-in call the role may not use and keeps a function call of the same reply, the
+/// reasoning goes before the function call (the provider refuses a reply item without its
+/// reasoning), and the report no longer names it removed.
+#[tokio::test]
+async fn reasoning_stays_with_the_items_of_its_reply_the_scrub_keeps() {
+    let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let input = json!([
+        {"role": "user", "content": "q1"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "x"}},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "search_web", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"role": "user", "content": "q2"}
+    ]);
+    let tools = json!([{"type": "function", "name": "search_web"}]);
+    let resp = responses(
+        &proxy,
+        "sk-viewer",
+        json!({"model": "m", "input": input, "tools": tools}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let sent = mock.requests()[0].body_json().unwrap();
+    let items = input.as_array().unwrap();
+    let expected: Vec<Value> = [0, 1, 3, 4, 5].iter().map(|&i| items[i].clone()).collect();
+    assert_eq!(sent["input"], Value::Array(expected), "{sent}");
+    let session = resp.headers()["x-ctxproxy-session"].to_str().unwrap();
+    let records = proxy.request_records("corp", session).await;
+    let removed: Vec<u64> = records[0]["report"]["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(removed, [2], "{records:?}");
+}

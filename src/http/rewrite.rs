@@ -254,8 +254,11 @@ pub async fn rewrite(
                     context::begin(input, &state.tokens).map(|early| early.finish_without_history())
                 })?
                 .cloned_from(&conv.messages);
-                call.put_items(responses_items::to_items(&rewritten.messages));
-                let report = conv.report_in_items(rewritten.report, &rewritten.calls);
+                let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
+                let count = |m: &Message| state.tokens.message(facts.encoding, m);
+                let items =
+                    responses_items::items_to_send(&wire, &rewritten.messages, &mut report, count);
+                call.put_items(items);
                 if purpose == Purpose::Live {
                     count_rewrites(&report);
                 }
@@ -287,12 +290,14 @@ pub async fn rewrite(
             };
             let rewritten = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?
                 .cloned_from(&conv.messages);
-            let items = responses_items::to_items(&rewritten.messages);
+            let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
+            let count = |m: &Message| state.tokens.message(facts.encoding, m);
+            let items =
+                responses_items::items_to_send(&wire, &rewritten.messages, &mut report, count);
             if !call.continues_elsewhere() {
                 left_to_send(items.len(), "input")?;
             }
             call.put_items(items);
-            let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             summary.fix_report(&mut report);
             if purpose == Purpose::Live {
                 count_rewrites(&report);

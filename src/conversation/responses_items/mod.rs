@@ -27,6 +27,7 @@
 //! [`to_items`] re-emits untouched items byte-for-value and edits only what a step changed.
 
 mod emit;
+mod reasoning;
 
 use std::ops::Range;
 
@@ -39,6 +40,7 @@ use crate::conversation::{ITEM_ROLE_PREFIX, Message, MessageId, Role, ToolCall, 
 use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
+pub use reasoning::keep_reasoning_of_sent_items;
 
 /// The private `extra` key holding the original items of a message, in order.
 pub const ORIGINAL_KEY: &str = "__ctxproxy_items";
@@ -371,6 +373,29 @@ fn with_originals(mut m: Message, items: &[Value]) -> Message {
     m.extra
         .insert(ORIGINAL_KEY.into(), Value::Array(items.to_vec()));
     m
+}
+
+/// The items to send for the rewritten `messages` ([`to_items`]) with the reasoning of
+/// every reply item sent ([`keep_reasoning_of_sent_items`]), and `report` (in items, see
+/// [`ItemMessages::report_in_items`]) told so: a reasoning item put back is not removed,
+/// and its tokens are sent.
+pub fn items_to_send(
+    input: &[Value],
+    messages: &[Message],
+    report: &mut Report,
+    count: impl Fn(&Message) -> u64,
+) -> Vec<Value> {
+    let mut items = to_items(messages);
+    let restored = keep_reasoning_of_sent_items(input, &mut items);
+    if !restored.is_empty() {
+        report.removed.retain(|r| !restored.contains(&r.index));
+        report.repaired.retain(|r| !restored.contains(&r.index));
+        report.tokens_out += restored
+            .iter()
+            .map(|&k| count(&opaque(&input[k..=k])))
+            .sum::<u64>();
+    }
+    items
 }
 
 /// Whether a reasoning item can lead `item` (of kind `kind`): only an item the model produced
