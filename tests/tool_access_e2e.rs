@@ -782,7 +782,8 @@ async fn a_responses_custom_tool_call_in_the_history_is_scrubbed() {
 /// A Responses built-in tool's items name their tool by their type: a `local_shell_call` in
 /// the current turn is a call to `local_shell` (403 for a role without it, as a function call
 /// would be), and with `scrub_history` a history `web_search_call` or `mcp_call` goes (reason
-/// `tool_access`) when this request offers no such tool, with the reasoning before it.
+/// `tool_access`) when this request offers no such tool, with the reasoning before it unless
+/// that also leads an item of the reply that stays.
 #[tokio::test]
 async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
     let opts = ProxyOptions::default().only_tenant("corp", &seed_004_tenant(false));
@@ -827,7 +828,14 @@ async fn responses_built_in_tool_items_are_under_the_role_s_rules() {
         .iter()
         .map(|i| i["type"].as_str().unwrap_or("message"))
         .collect();
-    assert_eq!(types, ["message", "message", "message"], "{sent}");
+    // The reasoning before the scrubbed items also leads the answer after them, which stays:
+    // it goes before the answer (the provider wants a reply item's reasoning before it).
+    assert_eq!(
+        types,
+        ["message", "reasoning", "message", "message"],
+        "{sent}"
+    );
+    assert!(!sent.to_string().contains("secret"), "{sent}");
     // Offered, a built-in tool's history stays.
     let body = json!({"model": "m", "input": history,
         "tools": [{"type": "web_search_preview_2025_03_11"}, {"type": "mcp", "server_label": "bank"}]});

@@ -255,9 +255,7 @@ pub async fn rewrite(
                 })?
                 .cloned_from(&conv.messages);
                 let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
-                let count = |m: &Message| state.tokens.message(facts.encoding, m);
-                let items =
-                    responses_items::items_to_send(&wire, &rewritten.messages, &mut report, count);
+                let items = responses_items::items_to_send(&wire, &rewritten.messages, &mut report);
                 call.put_items(items);
                 if purpose == Purpose::Live {
                     count_rewrites(&report);
@@ -291,9 +289,7 @@ pub async fn rewrite(
             let rewritten = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?
                 .cloned_from(&conv.messages);
             let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
-            let count = |m: &Message| state.tokens.message(facts.encoding, m);
-            let items =
-                responses_items::items_to_send(&wire, &rewritten.messages, &mut report, count);
+            let items = responses_items::items_to_send(&wire, &rewritten.messages, &mut report);
             if !call.continues_elsewhere() {
                 left_to_send(items.len(), "input")?;
             }

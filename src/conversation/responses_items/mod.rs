@@ -377,23 +377,19 @@ fn with_originals(mut m: Message, items: &[Value]) -> Message {
 
 /// The items to send for the rewritten `messages` ([`to_items`]) with the reasoning of
 /// every reply item sent ([`keep_reasoning_of_sent_items`]), and `report` (in items, see
-/// [`ItemMessages::report_in_items`]) told so: a reasoning item put back is not removed,
-/// and its tokens are sent.
-pub fn items_to_send(
-    input: &[Value],
-    messages: &[Message],
-    report: &mut Report,
-    count: impl Fn(&Message) -> u64,
-) -> Vec<Value> {
+/// [`ItemMessages::report_in_items`]) told so: a reasoning item put back is not removed. Its
+/// tokens are those of the item it leads, as the pipeline counts a reasoning item that leads
+/// one (nothing of its own).
+pub fn items_to_send(input: &[Value], messages: &[Message], report: &mut Report) -> Vec<Value> {
     let mut items = to_items(messages);
     let restored = keep_reasoning_of_sent_items(input, &mut items);
     if !restored.is_empty() {
-        report.removed.retain(|r| !restored.contains(&r.index));
-        report.repaired.retain(|r| !restored.contains(&r.index));
-        report.tokens_out += restored
-            .iter()
-            .map(|&k| count(&opaque(&input[k..=k])))
-            .sum::<u64>();
+        report
+            .removed
+            .retain(|r| restored.binary_search(&r.index).is_err());
+        report
+            .repaired
+            .retain(|r| restored.binary_search(&r.index).is_err());
     }
     items
 }

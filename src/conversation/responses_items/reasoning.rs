@@ -14,12 +14,20 @@ use super::{Kind, kind, reasoning_leads};
 
 /// Puts each run of `input`'s reasoning items that `sent` lost back before the first item of
 /// its reply that `sent` kept; returns the input indexes of the reasoning items put back.
-/// Items are recognised by their `id` (and a call by its `call_id` when it has none); an item
-/// without either is never matched, so its reasoning is left as the pipeline left it.
+/// Reasoning is recognised by its `id`: a run with an item without one, or with an item sent,
+/// is left as the pipeline left it.
 pub fn keep_reasoning_of_sent_items(input: &[Value], sent: &mut Vec<Value>) -> Vec<usize> {
     let sent_keys: HashSet<(String, String)> = sent.iter().filter_map(key).collect();
-    let is_sent = |item: &Value| key(item).is_some_and(|k| sent_keys.contains(&k));
-    let mut restored = Vec::new();
+    let lost = |item: &Value| key(item).is_some_and(|k| !sent_keys.contains(&k));
+    // The usual case, nothing to do, costs one pass.
+    if !input
+        .iter()
+        .any(|item| kind(item) == Kind::Reasoning && lost(item))
+    {
+        return Vec::new();
+    }
+    let at = positions_in(input, sent);
+    let mut inserts: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
     let mut i = 0;
     while i < input.len() {
         if kind(&input[i]) != Kind::Reasoning {
@@ -31,29 +39,48 @@ pub fn keep_reasoning_of_sent_items(input: &[Value], sent: &mut Vec<Value>) -> V
             i += 1;
         }
         let run = run_start..i;
-        let lost: Vec<usize> = run.clone().filter(|&r| !is_sent(&input[r])).collect();
-        // A run with an item that has no key, or that was sent, is the pipeline's business.
-        if lost.is_empty() || lost.iter().any(|&r| key(&input[r]).is_none()) {
+        if !run.clone().all(|r| lost(&input[r])) {
             continue;
         }
         let reply_end = (i..input.len())
             .find(|&k| {
-                !reasoning_leads(kind(&input[k]), &input[k]) || kind(&input[k]) == Kind::Reasoning
+                kind(&input[k]) == Kind::Reasoning || !reasoning_leads(kind(&input[k]), &input[k])
             })
             .unwrap_or(input.len());
-        let Some(first_kept) = (i..reply_end).find(|&k| is_sent(&input[k])) else {
-            continue;
-        };
-        let Some(target) = key(&input[first_kept]) else {
-            continue;
-        };
-        let Some(at) = sent.iter().position(|s| key(s).as_ref() == Some(&target)) else {
-            continue;
-        };
-        sent.splice(at..at, lost.iter().map(|&r| input[r].clone()));
-        restored.extend(lost);
+        if let Some(first_kept) = (i..reply_end).find_map(|k| at[k]) {
+            inserts.push((first_kept, run));
+        }
     }
+    let mut restored = Vec::new();
+    // From the last, so that the positions of the earlier ones still hold.
+    for (position, run) in inserts.into_iter().rev() {
+        sent.splice(position..position, input[run.clone()].iter().cloned());
+        restored.extend(run);
+    }
+    restored.sort_unstable();
     restored
+}
+
+/// Where each item of `input` is in `sent` (`None`: not sent), reading both in order: what is
+/// sent keeps the input's order, with items the pipeline made (placeholders) in between. An
+/// item is found by its key, or, without one (a short-form assistant message), by its value.
+fn positions_in(input: &[Value], sent: &[Value]) -> Vec<Option<usize>> {
+    let sent_keys: Vec<Option<(String, String)>> = sent.iter().map(key).collect();
+    let mut at = vec![None; input.len()];
+    let mut cursor = 0;
+    for (k, item) in input.iter().enumerate() {
+        let wanted = key(item);
+        let found = (cursor..sent.len()).find(|&p| match (&wanted, &sent_keys[p]) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => sent[p] == *item,
+            _ => false,
+        });
+        if let Some(p) = found {
+            at[k] = Some(p);
+            cursor = p + 1;
+        }
+    }
+    at
 }
 
 /// How an item is recognised in what is sent: its type and `id`, or a call's `call_id`.
@@ -133,5 +160,31 @@ mod tests {
         let mut sent = vec![input[0].clone(), input[4].clone()];
         assert_eq!(keep_reasoning_of_sent_items(&input, &mut sent), [1, 2]);
         assert_eq!(ids(&sent), ["user", "rs_1", "rs_2", "mcp_1"]);
+    }
+
+    #[test]
+    fn an_assistant_message_without_an_id_is_found_by_its_value() {
+        let input = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "content": "answer"}),
+            json!({"role": "user", "content": "again"}),
+            json!({"type": "reasoning", "id": "rs_1", "summary": []}),
+            json!({"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": "{}"}),
+            json!({"role": "assistant", "content": "answer"}),
+            json!({"role": "user", "content": "next"}),
+        ];
+        // The unanswered call went, with its reasoning; the answer after it stayed. The same
+        // answer earlier is another reply's.
+        let mut sent = vec![
+            input[0].clone(),
+            input[1].clone(),
+            input[2].clone(),
+            input[5].clone(),
+            input[6].clone(),
+        ];
+        assert_eq!(keep_reasoning_of_sent_items(&input, &mut sent), [3]);
+        assert_eq!(sent[3], input[3]);
+        assert_eq!(sent[4], input[5]);
+        assert_eq!(sent.len(), 6);
     }
 }
