@@ -981,3 +981,28 @@ fn a_broken_keys_entry_does_not_hide_the_file_s_other_problems() {
     assert!(!out.contains("the list is empty"), "{out}");
     assert!(!out.contains("keys[0]"), "{out}");
 }
+
+/// A required key whose value cannot be read (`keys: all`) is one problem; the rest of the
+/// file is still read and checked (with an empty stand-in for it, of which nothing is said).
+#[test]
+fn an_unreadable_required_key_does_not_hide_the_file_s_other_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[(
+            "a",
+            "keys: all\nupstream: { timeout_s: 0 }\npolicy:\n  token_budget:\n    target_ratio: 1.5\n",
+        )],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("tenants/a.yaml: keys: "), "{out}");
+    assert!(out.contains("found `all`"), "{out}");
+    assert!(out.contains("tenants/a.yaml: upstream.timeout_s"), "{out}");
+    assert!(
+        out.contains("tenants/a.yaml: policy.token_budget.target_ratio"),
+        "{out}"
+    );
+    assert!(!out.contains("the list is empty"), "{out}");
+    assert_eq!(out.matches("tenants/a.yaml: keys").count(), 1, "{out}");
+}

@@ -94,17 +94,25 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>, Ve
     failure.refine(&tree);
     let mut problems = vec![failure.render(&failure.path)];
     let mut cuts = Cuts::default();
+    // Required keys whose bad value was cut, read again with an empty stand-in (`keys: all`
+    // would otherwise stop the reading, and hide the rest of the file's problems).
+    let mut stand_ins: Vec<Vec<Seg>> = Vec::new();
+    let mut cut_next = true;
     for _ in 0..MAX_PASSES {
-        if !cuts.cut(&mut tree, &failure.path, &failure.kind) {
+        if cut_next && !cuts.cut(&mut tree, &failure.path, &failure.kind) {
             break;
         }
+        cut_next = true;
         let Ok(text) = serde_saphyr::to_string(&tree) else {
             break;
         };
         match attempt::<T>(&text) {
-            Ok(value) if !cuts.shifted_indexes() => return (Some(value), problems, Vec::new()),
+            Ok(value) if !cuts.shifted_indexes() && stand_ins.is_empty() => {
+                return (Some(value), problems, Vec::new());
+            }
             // With a list entry cut, later entries moved up: checks on the value would name
-            // them by the wrong index. Those lists are emptied instead, and named.
+            // them by the wrong index. Those lists are emptied instead, and named, as are the
+            // stand-ins (checks on them would speak of values the file does not hold).
             Ok(_) => {
                 let lists = cuts.shortened_lists();
                 for list in &lists {
@@ -112,7 +120,11 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>, Ve
                         *node = Node::Seq(Vec::new());
                     }
                 }
-                let emptied = lists.iter().map(|l| display(&cuts.original(l))).collect();
+                let emptied = lists
+                    .iter()
+                    .chain(&stand_ins)
+                    .map(|l| display(&cuts.original(l)))
+                    .collect();
                 let value = serde_saphyr::to_string(&tree)
                     .ok()
                     .and_then(|text| attempt::<T>(&text).ok());
@@ -120,6 +132,11 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>, Ve
             }
             Err(mut next) => {
                 next.refine(&tree);
+                if let Some(key) = stand_in::<T>(&mut tree, &next, &cuts) {
+                    stand_ins.push(key);
+                    cut_next = false;
+                    continue;
+                }
                 // A problem without a path would carry a position in the rewritten text, not in
                 // the file; the file has a problem already, so stop rather than mislead.
                 if next.path.is_empty() {
@@ -133,6 +150,49 @@ fn parse_all_raw<T: DeserializeOwned>(text: &str) -> (Option<T>, Vec<String>, Ve
         }
     }
     (None, problems, Vec::new())
+}
+
+/// For a required key reported missing because an earlier pass cut its bad value, puts an
+/// empty value in its place that reads (an empty list, mapping or string, whichever does), so
+/// the next pass goes on; the key's path, or `None` (the tree as it was) when none reads or the
+/// key was not cut.
+fn stand_in<T: DeserializeOwned>(
+    tree: &mut Node,
+    missing: &Failure,
+    cuts: &Cuts,
+) -> Option<Vec<Seg>> {
+    let Kind::MissingField(field) = &missing.kind else {
+        return None;
+    };
+    if !cuts.caused(&missing.path, &missing.kind) {
+        return None;
+    }
+    let mut path = missing.path.clone();
+    path.push(Seg::Key(field.clone()));
+    for empty in [
+        Node::Seq(Vec::new()),
+        Node::Map(Vec::new()),
+        Node::Str(String::new()),
+    ] {
+        let Some(Node::Map(entries)) = tree.at_mut(&missing.path) else {
+            return None;
+        };
+        entries.push((Node::Str(field.clone()), empty));
+        let reads =
+            serde_saphyr::to_string(&*tree)
+                .ok()
+                .is_some_and(|text| match attempt::<T>(&text) {
+                    Ok(_) => true,
+                    Err(next) => !next.path.starts_with(&path),
+                });
+        if reads {
+            return Some(path);
+        }
+        if let Some(Node::Map(entries)) = tree.at_mut(&missing.path) {
+            entries.pop();
+        }
+    }
+    None
 }
 
 /// One pass's error: where it is, what kind it is, and its message without the path.
