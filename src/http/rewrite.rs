@@ -159,13 +159,11 @@ pub async fn rewrite(
         ids,
         body_bytes,
     } = conversation;
-    // Parsing, counting and compressing a large conversation is the CPU-heavy part.
-    let heavy = body_bytes;
     match call {
         Call::Chat(_) => {
             let mut messages = match typed {
                 Some(typed) => typed,
-                None => crate::cpu::run_heavy(heavy, || chat_messages(&wire))?,
+                None => crate::cpu::run_heavy(body_bytes, || chat_messages(&wire))?,
             };
             check_current_turn(&messages, allowed)?;
             let input = PipelineInput {
@@ -181,14 +179,14 @@ pub async fn rewrite(
                 tool_access: tool_access.as_ref(),
                 text_apart_from_calls: false,
             };
-            let early = crate::cpu::run_heavy(heavy, || context::begin(input, &state.tokens))?;
+            let early = crate::cpu::run_heavy(body_bytes, || context::begin(input, &state.tokens))?;
             let mut summary = match purpose {
                 Purpose::Live => {
                     summarize::prepare(state, tenant, session, client, &early, ids, facts).await
                 }
                 Purpose::Preview => summarize::stored(state, tenant, session, &early, ids).await,
             };
-            let plan = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?;
+            let plan = crate::cpu::run_heavy(body_bytes, || finish(early, &mut summary))?;
             // The messages are ours: the kept ones are moved into the output, not cloned.
             let mut rewritten = plan.take_from(&mut messages);
             summary.fix_report(&mut rewritten.report);
@@ -219,7 +217,7 @@ pub async fn rewrite(
                         .tokens
                         .request(facts.encoding, &conv.messages, item_ids.as_deref(), tools)
                 };
-                let (tokens_in, tokens_out) = crate::cpu::run_heavy(heavy, || {
+                let (tokens_in, tokens_out) = crate::cpu::run_heavy(body_bytes, || {
                     let tokens_out = tokens(tools_json.as_ref());
                     (
                         client_tools.map_or(tokens_out, |t| tokens(Some(t))),
@@ -250,7 +248,7 @@ pub async fn rewrite(
                     tool_access: scrub,
                     ..conv.pipeline_input(&no_policy, facts)
                 };
-                let rewritten = crate::cpu::run_heavy(heavy, || {
+                let rewritten = crate::cpu::run_heavy(body_bytes, || {
                     context::begin(input, &state.tokens).map(|early| early.finish_without_history())
                 })?
                 .cloned_from(&conv.messages);
@@ -274,7 +272,7 @@ pub async fn rewrite(
                 tool_access: tool_access.as_ref(),
                 ..conv.pipeline_input(&tenant.policy, facts)
             };
-            let early = crate::cpu::run_heavy(heavy, || context::begin(input, &state.tokens))?;
+            let early = crate::cpu::run_heavy(body_bytes, || context::begin(input, &state.tokens))?;
             // A summary needs the stored ids of the items (its anchor is one); items the
             // proxy could not name get none rather than a guessed one.
             let mut summary = match (&item_ids, purpose) {
@@ -286,7 +284,7 @@ pub async fn rewrite(
                 }
                 (None, _) => summarize::Prepared::default(),
             };
-            let rewritten = crate::cpu::run_heavy(heavy, || finish(early, &mut summary))?
+            let rewritten = crate::cpu::run_heavy(body_bytes, || finish(early, &mut summary))?
                 .cloned_from(&conv.messages);
             let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
             let items = responses_items::items_to_send(&wire, &rewritten.messages, &mut report);

@@ -16,7 +16,7 @@ pub mod request;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::HeaderMap;
 
 use crate::app::AppState;
 use crate::config::Tenant;
@@ -294,7 +294,7 @@ pub async fn prepare(
         anchor,
         tools_seen: tools_seen.clone(),
         encoding,
-        credentials: credentials(tenant, client.headers),
+        credentials: headers::credentials(client.headers, &UpstreamAuth::of(tenant)),
         query: headers::query_to_upstream(client.query, client.headers, &UpstreamAuth::of(tenant)),
         ticket,
     };
@@ -325,30 +325,4 @@ fn covered<'e, 'm>(entries: &'e [Entry<'m>], plan: &SummaryPlan) -> Vec<&'e Entr
         .filter(|e| (plan.from..=plan.until).contains(&e.index))
         .filter(|e| !e.message.role.is_instruction())
         .collect()
-}
-
-/// The credential headers the summariser call sends: the tenant's key, or for `keys: any`
-/// (nothing stored) those of the request that triggered the job, as that request sent them
-/// upstream (`Authorization`, or Azure's `api-key`, or `x-api-key`). Marked sensitive.
-fn credentials(tenant: &Tenant, client: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    match UpstreamAuth::of(tenant) {
-        UpstreamAuth::Forward => {
-            for name in [header::AUTHORIZATION.as_str(), "api-key", "x-api-key"] {
-                if let Some(value) = client.get(name) {
-                    out.insert(HeaderName::from_static(name), value.clone());
-                }
-            }
-        }
-        UpstreamAuth::Replace(Some(key)) => {
-            if let Ok(value) = HeaderValue::from_str(&format!("Bearer {key}")) {
-                out.insert(header::AUTHORIZATION, value);
-            }
-        }
-        UpstreamAuth::Replace(None) => {}
-    }
-    for value in out.values_mut() {
-        value.set_sensitive(true);
-    }
-    out
 }

@@ -104,24 +104,45 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         }
         out.append(name.clone(), value.clone());
     }
-    match auth {
-        UpstreamAuth::Forward => {
-            if let Some(v) = client.get(header::AUTHORIZATION) {
-                out.insert(header::AUTHORIZATION, v.clone());
-            }
-        }
-        UpstreamAuth::Replace(Some(key)) => {
-            if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
-                out.insert(header::AUTHORIZATION, v);
-            }
-        }
-        UpstreamAuth::Replace(None) => {}
+    if let Some(v) = authorization(client, auth) {
+        out.insert(header::AUTHORIZATION, v);
     }
     if managed {
         out.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+    }
+    out
+}
+
+/// The `Authorization` a request goes upstream with: the client's when its key is forwarded,
+/// else the tenant's key.
+fn authorization(client: &HeaderMap, auth: &UpstreamAuth) -> Option<HeaderValue> {
+    match auth {
+        UpstreamAuth::Forward => client.get(header::AUTHORIZATION).cloned(),
+        UpstreamAuth::Replace(Some(key)) => HeaderValue::from_str(&format!("Bearer {key}")).ok(),
+        UpstreamAuth::Replace(None) => None,
+    }
+}
+
+/// The credential headers alone, as [`to_upstream`] sends them, for a call the proxy makes on
+/// the client's behalf (the summariser): the `Authorization`, and when the client's key is
+/// forwarded its other key headers (Azure's `api-key`, `x-api-key`). Marked sensitive.
+pub fn credentials(client: &HeaderMap, auth: &UpstreamAuth) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    if let Some(v) = authorization(client, auth) {
+        out.insert(header::AUTHORIZATION, v);
+    }
+    if matches!(auth, UpstreamAuth::Forward) {
+        for name in KEY_HEADERS {
+            if let Some(v) = client.get(name) {
+                out.insert(name, v.clone());
+            }
+        }
+    }
+    for value in out.values_mut() {
+        value.set_sensitive(true);
     }
     out
 }

@@ -40,7 +40,7 @@ use crate::conversation::{ITEM_ROLE_PREFIX, Message, MessageId, Role, ToolCall, 
 use crate::tokens::ModelFacts;
 
 pub use emit::to_items;
-pub use reasoning::keep_reasoning_of_sent_items;
+use reasoning::keep_reasoning_of_sent_items;
 
 /// The private `extra` key holding the original items of a message, in order.
 pub const ORIGINAL_KEY: &str = "__ctxproxy_items";
