@@ -519,4 +519,14 @@ async fn a_conversation_repair_empties_is_a_400_not_an_empty_request() {
         assert_eq!(stored.len(), 1, "the turn is stored: {stored:?}");
     }
     assert!(mock.requests().is_empty(), "nothing forwarded");
+    // Nothing was sent, so nothing was rewritten or repaired for the metrics.
+    let metrics = proxy.metrics_text().await;
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("ctxproxy_repairs_total{") || l.starts_with("ctxproxy_rewrites_total{")
+    }) {
+        assert!(
+            line.ends_with(" 0"),
+            "counted for a refused request: {line}"
+        );
+    }
 }

@@ -190,10 +190,11 @@ pub async fn rewrite(
             // The messages are ours: the kept ones are moved into the output, not cloned.
             let mut rewritten = plan.take_from(&mut messages);
             summary.fix_report(&mut rewritten.report);
+            // A refused request rewrote nothing that was sent: checked before the metrics.
+            left_to_send(rewritten.messages.len(), "messages")?;
             if purpose == Purpose::Live {
                 count_rewrites(&rewritten.report);
             }
-            left_to_send(rewritten.messages.len(), "messages")?;
             call.put_chat_messages(rewritten.messages);
             Ok(Outcome {
                 report: Some(rewritten.report),
