@@ -350,6 +350,45 @@ async fn passthrough_sends_no_body_for_a_request_without_one() {
     assert_eq!(&seen[3].body[..], b"part one, part two");
 }
 
+/// A managed reply is read and stored by the proxy, so it is asked for uncompressed whatever the
+/// client accepts (an upstream may compress when no `Accept-Encoding` is sent at all); a
+/// forwarded request keeps the client's own.
+#[tokio::test]
+async fn managed_requests_ask_the_upstream_for_a_plain_reply() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let http = client();
+    for stream in [false, true] {
+        let resp = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("accept-encoding", "gzip, deflate, br")
+            .json(&json!({"model": "gpt-4o", "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    let resp = http
+        .get(format!("{}/models", proxy.base_url()))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = mock.requests();
+    assert_eq!(seen.len(), 3);
+    for r in &seen[..2] {
+        assert_eq!(
+            r.header("accept-encoding"),
+            Some("identity"),
+            "{:?}",
+            r.headers
+        );
+    }
+    assert_eq!(seen[2].header("accept-encoding"), Some("gzip"));
+}
+
 #[tokio::test]
 async fn keyed_tenant_swaps_in_its_upstream_key() {
     // SAFETY: set once before any request reads it; the variable is used by this test only.

@@ -144,6 +144,8 @@ async fn sixty_turns_roll_summaries_forward_and_stay_in_budget() {
     let body = asked[0].body_json().unwrap();
     assert_eq!(body["model"], "summariser-1");
     assert_eq!(asked[0].header("authorization"), Some("Bearer sk-client"));
+    // Its answer is read, so it is asked for uncompressed.
+    assert_eq!(asked[0].header("accept-encoding"), Some("identity"));
 
     // The second summary rolls the first forward: its input is the first summary plus only the
     // messages after what the first covers.

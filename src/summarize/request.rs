@@ -152,6 +152,7 @@ pub async fn summarise(target: &Target<'_>, body: &Value) -> Result<String> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    headers.insert(header::ACCEPT_ENCODING, upstream::headers::PLAIN_REPLY);
     headers.extend(target.credentials.clone());
     let bytes = serde_json::to_vec(body).map_err(|e| Error::Internal(e.to_string()))?;
     let call = async {

@@ -53,8 +53,8 @@ impl UpstreamAuth {
 }
 
 /// The headers to send upstream for a client request. `keep_length` keeps `Content-Length`
-/// (pass-through of an unchanged body); managed routes send a new body and drop it, as they drop
-/// `Accept-Encoding` so the reply arrives in plain text for the store.
+/// (pass-through of an unchanged body); managed routes send a new body and drop it, and ask for
+/// an uncompressed reply ([`PLAIN_REPLY`]) whatever the client accepts, for the store.
 pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(client.len());
     let listed = connection_listed(client);
@@ -112,9 +112,15 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        out.insert(header::ACCEPT_ENCODING, PLAIN_REPLY);
     }
     out
 }
+
+/// The `Accept-Encoding` of every request whose answer the proxy reads (managed routes, the
+/// summariser): without the header a server may compress as it likes, and a compressed reply
+/// could not be stored.
+pub const PLAIN_REPLY: HeaderValue = HeaderValue::from_static("identity");
 
 /// The `Authorization` a request goes upstream with: the client's when its key is forwarded,
 /// else the tenant's key.
