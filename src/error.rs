@@ -60,6 +60,10 @@ pub enum Error {
     /// The upstream did not answer (or stopped sending) within the configured time.
     #[error("upstream timed out after {0:?}")]
     UpstreamTimeout(Duration),
+    /// No connection to the upstream within its tenant's `upstream.connect_timeout_s`: said
+    /// apart from the whole request's limit, which is another setting.
+    #[error("upstream timed out: no connection within upstream.connect_timeout_s")]
+    UpstreamConnectTimeout,
     /// Another request on the session held it for longer than this one may wait (the
     /// tenant's `upstream.timeout_s`): the store is fine, the session is busy.
     #[error("session '{session}' is still busy with another request after {waited:?}; retry later")]

@@ -640,6 +640,47 @@ async fn upstream_timeout_is_504() {
     assert_eq!(assert_openai_error(&v)["code"], "upstream_timeout");
 }
 
+/// An upstream that takes no connection within `connect_timeout_s` is a 504 that names that
+/// setting, not the whole request's `timeout_s` (5 s here), which the operator would look at
+/// in vain. The upstream is a socket whose accept queue is full: its SYNs go unanswered.
+#[tokio::test]
+async fn a_connect_timeout_is_504_naming_its_setting() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let _never_accepts = socket.listen(0).unwrap();
+    // Fill the queue: these connections are never accepted, nor are the proxy's after them.
+    let mut queued = Vec::new();
+    for _ in 0..3 {
+        queued.push(tokio::spawn(tokio::net::TcpStream::connect(addr)));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let opts = ProxyOptions::default().only_tenant(
+        "default",
+        &format!("keys: any\nupstream:\n  base_url: http://{addr}/v1\n  connect_timeout_s: 1\n  timeout_s: 5\n"),
+    );
+    let proxy = Proxy::start(opts, "unused").await;
+    for path in ["/chat/completions", "/models"] {
+        let request = if path == "/models" {
+            client().get(format!("{}{path}", proxy.base_url()))
+        } else {
+            client()
+                .post(format!("{}{path}", proxy.base_url()))
+                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        };
+        let resp = request.send().await.unwrap();
+        assert_eq!(resp.status(), 504, "{path}");
+        let v: Value = resp.json().await.unwrap();
+        let err = assert_openai_error(&v);
+        assert_eq!(err["code"], "upstream_timeout", "{path}");
+        let message = err["message"].as_str().unwrap();
+        assert!(message.contains("connect_timeout_s"), "{path}: {message}");
+    }
+    for q in queued {
+        q.abort();
+    }
+}
+
 /// The proxy's own answer after the pipeline ran (502, 504) says what it would have sent, as
 /// an answered request does (SPEC 3: headers added to managed routes).
 fn assert_token_headers(resp: &reqwest::Response) {

@@ -61,7 +61,7 @@ impl Error {
                 "upstream_error",
                 Some("upstream_unreachable"),
             ),
-            Error::UpstreamTimeout(_) => (
+            Error::UpstreamTimeout(_) | Error::UpstreamConnectTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_error",
                 Some("upstream_timeout"),

@@ -100,7 +100,9 @@ pub fn url(base: &str, path: &str, query: Option<&str>) -> String {
 
 /// A transport error as the crate's error: timeouts are 504, everything else 502.
 pub fn map_reqwest(e: reqwest::Error, limit: Duration) -> Error {
-    if e.is_timeout() {
+    if e.is_timeout() && e.is_connect() {
+        Error::UpstreamConnectTimeout
+    } else if e.is_timeout() {
         Error::UpstreamTimeout(limit)
     } else {
         // The error chain explains connect failures ("connection refused") without secrets,
