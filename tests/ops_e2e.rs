@@ -577,3 +577,58 @@ async fn a_new_body_limit_is_reloaded() {
     }
     assert!(refused, "the new max_body_bytes was never used");
 }
+
+/// A PostgreSQL server that goes away without a word (its address refuses connections, so the
+/// pool keeps retrying until its acquire timeout) makes `/readyz` a prompt 503, not a probe
+/// left without an answer for the pool's 10 s. The database is reached through a forwarder
+/// that the test shuts.
+#[tokio::test]
+async fn readyz_answers_503_promptly_when_the_database_is_gone() {
+    let Some(db) = common::pg::PgTestDb::create().await else {
+        return;
+    };
+    let pg_addr = {
+        let after_at = db.url.rsplit_once('@').map_or(db.url.as_str(), |(_, h)| h);
+        let host = after_at.split('/').next().unwrap();
+        tokio::net::lookup_host(host).await.unwrap().next().unwrap()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let forward_addr = listener.local_addr().unwrap();
+    let forwarder = tokio::spawn(async move {
+        let mut links = tokio::task::JoinSet::new();
+        loop {
+            let (mut client, _) = listener.accept().await.unwrap();
+            links.spawn(async move {
+                let mut server = tokio::net::TcpStream::connect(pg_addr).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    let (scheme, rest) = db.url.split_once("://").unwrap();
+    let (user, after_at) = rest.rsplit_once('@').unwrap();
+    let path = after_at.split_once('/').map_or("", |(_, p)| p);
+    let url = format!("{scheme}://{user}@{forward_addr}/{path}");
+    let opts = ProxyOptions {
+        database_url: Some(url),
+        ..ProxyOptions::default()
+    };
+    let (proxy, _mock) = proxy_and_mock(opts).await;
+    let ready = client().get(proxy.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+
+    // The forwarder's listener and every link through it go: connections are refused.
+    forwarder.abort();
+    let _ = forwarder.await;
+    let probe = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let gone = probe
+        .get(proxy.url("/readyz"))
+        .send()
+        .await
+        .expect("an answer well before the pool's 10 s");
+    assert_eq!(gone.status(), 503);
+    let health = client().get(proxy.url("/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200, "the process still serves");
+}

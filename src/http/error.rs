@@ -112,7 +112,8 @@ impl Error {
         let (_, kind, code) = self.classify();
         let message = match self {
             Error::StoreUnavailable(_) => {
-                "The conversation store is unavailable; the request was not forwarded.".to_string()
+                "The conversation store is unavailable; nothing was sent upstream. Retry later."
+                    .to_string()
             }
             Error::Internal(_) | Error::Config(_) => "Internal error in ctxproxy.".to_string(),
             other => other.to_string(),
