@@ -147,10 +147,7 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
     let last = LEVELS[LEVELS.len() - 1];
     match (shrink(value, &last, 1), value) {
         (Value::Object(map), Value::Object(original)) => {
-            let is_container =
-                |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
-            let mut order: Vec<String> = map.keys().rev().cloned().collect();
-            order.sort_by_key(|k| !is_container(k)); // stable: each group stays end-first
+            let order = give_up_order(&map, original);
             // The result without the first `gone` keys of `order`. The entries left keep their
             // order. No marker of its own: `_compressed` says the result is not whole, and a
             // count of what went would cost tokens that a scalar should have (SPEC: scalars go
@@ -169,7 +166,7 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
             // of 10,000 keys took seconds and held a worker).
             let all = order.len();
             if all == 0 || !fits(encoding, &without(all), max_tokens) {
-                return None;
+                return bare_shape(encoding, value, max_tokens);
             }
             // Every entry kept costs at least a token, so no more than `max_tokens` stay: search
             // among results of that size, not the whole document's. Should that ever be wrong
@@ -190,8 +187,38 @@ fn compress_json(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<S
             }
             Some(without(low))
         }
-        _ => None,
+        _ => bare_shape(encoding, value, max_tokens),
     }
+}
+
+/// The keys of a top-level object in the order they are given up: containers first, then
+/// strings the last level cut (their text is mostly gone already), then the scalars still
+/// whole; each group from the end.
+fn give_up_order(shrunk: &Map<String, Value>, original: &Map<String, Value>) -> Vec<String> {
+    let cut_below = LEVELS[LEVELS.len() - 1].string_chars;
+    let loss = |k: &String| match original.get(k) {
+        Some(Value::Array(_) | Value::Object(_)) => 0,
+        Some(Value::String(s)) if s.chars().nth(cut_below).is_some() => 1,
+        _ => 2,
+    };
+    let mut order: Vec<String> = shrunk.keys().rev().cloned().collect();
+    order.sort_by_key(loss); // stable: each group stays end-first
+    order
+}
+
+/// The least of the document's shape, for a limit too small for its marked skeleton: still
+/// JSON (a client parses a tool result it wrote as JSON), an array with its omission mark where
+/// that fits. `None` for a scalar, or when not even `{}` or `[]` fits.
+fn bare_shape(encoding: Encoding, value: &Value, max_tokens: u64) -> Option<String> {
+    let tries: &[&str] = match value {
+        Value::Array(_) => &["[\"…\"]", "[]"],
+        Value::Object(_) => &["{}"],
+        _ => &[],
+    };
+    tries
+        .iter()
+        .find(|t| fits(encoding, t, max_tokens))
+        .map(|t| (*t).to_string())
 }
 
 /// Adds the `_compressed` marker to a top-level object (an array has nowhere to carry it; its
@@ -521,6 +548,39 @@ mod tests {
     }
 
     #[test]
+    fn json_stays_json_at_any_limit_it_can() {
+        let enc = Encoding::O200kBase;
+        let docs = [
+            serde_json::json!({"a": "x".repeat(500), "b": [1, 2, 3, 4, 5, 6, 7, 8]}),
+            serde_json::json!([{"k": "v".repeat(300)}, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]),
+            serde_json::json!(["word ".repeat(200)]),
+        ];
+        for doc in &docs {
+            let text = doc.to_string();
+            for max in 1..=30 {
+                let out = compress(enc, &text, max).unwrap();
+                assert!(enc.count(&out) <= max, "{max}: {out}");
+                let back: Value = serde_json::from_str(&out)
+                    .unwrap_or_else(|e| panic!("{max}: not JSON ({e}): {out}"));
+                assert_eq!(back.is_array(), doc.is_array(), "{max}: shape kept: {out}");
+            }
+        }
+        // Nothing at all fits in no tokens.
+        assert_eq!(compress(enc, &docs[0].to_string(), 0).as_deref(), Some(""));
+    }
+
+    #[test]
+    fn a_cut_string_goes_before_a_whole_scalar() {
+        let enc = Encoding::O200kBase;
+        let text = serde_json::json!({"s": "long text ".repeat(50), "n": 5}).to_string();
+        let out = compress(enc, &text, 12).unwrap();
+        assert!(enc.count(&out) <= 12, "{out}");
+        let back: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(back["n"], 5, "{out}");
+        assert_eq!(back["_compressed"], true, "{out}");
+    }
+
+    #[test]
     fn top_level_scalars_are_given_up_last() {
         let mut doc = serde_json::Map::new();
         for k in 0..12 {
@@ -594,18 +654,14 @@ mod tests {
         else {
             return None;
         };
-        let is_container =
-            |k: &String| matches!(original.get(k), Some(Value::Array(_) | Value::Object(_)));
-        let mut order: Vec<String> = map.keys().rev().cloned().collect();
-        order.sort_by_key(|k| !is_container(k));
-        for key in order {
+        for key in give_up_order(&map.clone(), original) {
             map.shift_remove(&key);
             let text = python_dumps(&mark(Value::Object(map.clone())));
             if fits(Encoding::O200kBase, &text, max_tokens) {
                 return Some(text);
             }
         }
-        None
+        bare_shape(Encoding::O200kBase, value, max_tokens)
     }
 
     #[test]

@@ -147,11 +147,11 @@ impl TokenCounter {
         n
     }
 
-    /// Tokens of the request's `tools` JSON, written as Python's `json.dumps` writes it (SPEC 5.1
-    /// "the tokens of its JSON"; the same text compressed results are written in). Cached by
-    /// content, since a client sends the same tools array on every turn.
+    /// Tokens of the request's `tools` JSON, written as Python's `json.dumps` writes it by
+    /// default (SPEC 5.1 "the tokens of its JSON"). Cached by content, since a client sends the
+    /// same tools array on every turn.
     pub fn tools(&self, encoding: Encoding, tools: &Value) -> u64 {
-        let json = crate::conversation::dumps::python_dumps(tools);
+        let json = crate::conversation::dumps::python_dumps_ascii(tools);
         let mut h = Sha256::new();
         h.update(b"ctxproxy tools\0");
         h.update(json.as_bytes());
@@ -465,6 +465,19 @@ mod tests {
             c.request(e, std::slice::from_ref(&m), None, Some(&tools)),
             message_tokens(e, &m) + 3 + json_len.div_ceil(4)
         );
+    }
+
+    /// Python's `json.dumps(tools)` escapes what is not ASCII, and those escapes are what the
+    /// tools cost.
+    #[test]
+    fn tools_cost_their_json_as_python_writes_it() {
+        let c = TokenCounter::new();
+        let e = Encoding::O200kBase;
+        let tools =
+            json!([{"type": "function", "function": {"name": "météo", "description": "東京"}}]);
+        let python = r#"[{"type": "function", "function": {"name": "m\u00e9t\u00e9o", "description": "\u6771\u4eac"}}]"#;
+        assert_eq!(c.tools(e, &tools), e.count(python));
+        assert_ne!(e.count(python), e.count(&tools.to_string()));
     }
 
     #[test]
