@@ -319,13 +319,10 @@ impl StreamAccumulator {
         }
         let failure = match self.error.take() {
             Some(message) => Some(StreamFailure::Reported(message)),
-            // A chat stream ends with a finish reason and then `[DONE]`; one that has neither
-            // stopped mid-answer. (An upstream that leaves out one of the two still counts as
-            // finished.)
-            None if self.kind == ApiKind::Chat
-                && !self.done
-                && self.chat.values().all(|c| c.finish_reason.is_none()) =>
-            {
+            // A chat stream ends with a finish reason on every choice and then `[DONE]`; one
+            // with neither stopped mid-answer, also when another choice had finished (`n: 2`).
+            // (An upstream that leaves out one of the two still counts as finished.)
+            None if self.kind == ApiKind::Chat && !self.done && !self.answered() => {
                 Some(StreamFailure::CutShort)
             }
             // A Responses stream ends with its terminal event. Without one (whether or not a
@@ -1164,6 +1161,23 @@ mod tests {
         let mut acc = StreamAccumulator::new(ApiKind::Chat);
         acc.feed(&finished[..finished.len() - b"data: [DONE]\n\n".len()]);
         assert_eq!(acc.finish().failure, None);
+    }
+
+    /// With `n: 2`, a choice finished does not make the other whole: a stream that stops
+    /// without `[DONE]` while one choice has no finish reason was cut short.
+    #[test]
+    fn a_chat_stream_with_one_choice_unfinished_and_no_done_is_cut_short() {
+        let body = format!(
+            "data: {}\n\ndata: {}\n\n",
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":"Ha"}}]}),
+            json!({"choices":[{"index":1,"delta":{"role":"assistant","content":"Whole"},"finish_reason":"stop"}]})
+        );
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(body.as_bytes());
+        assert_eq!(acc.finish().failure, Some(StreamFailure::CutShort));
+        let mut done = StreamAccumulator::new(ApiKind::Chat);
+        done.feed(format!("{body}data: [DONE]\n\n").as_bytes());
+        assert_eq!(done.finish().failure, None, "the upstream said it was done");
     }
 
     #[test]
