@@ -379,6 +379,20 @@ fn an_empty_keys_list_is_a_warning() {
     );
 }
 
+/// `tool_filter` takes tool names: one spelt as a glob filters nothing, and is said so.
+#[test]
+fn a_tool_filter_glob_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = "keys: any\npolicy:\n  tool_filter: { exclude: ['secret_*'] }\n";
+    let server = write(dir.path(), &[("acme", tenant)]);
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("warning: tenants/acme.yaml: policy.tool_filter.exclude[0]: `secret_*` is matched as an exact tool name"),
+        "{out}"
+    );
+}
+
 /// Runs check-config in `tests/fixtures/check_config/<name>` on its `ctxproxy.yaml`; the
 /// fixtures name their tenants_dir relative to that folder (or rely on the default one).
 fn check_fixture(name: &str) -> (i32, String) {

@@ -220,6 +220,12 @@ impl Config {
                 message,
             });
         }
+        for message in validate::policy_warnings(&server.defaults, "defaults") {
+            warnings.push(Problem {
+                file: file_label.clone(),
+                message,
+            });
+        }
         let models = ModelTable::new(&server.models).unwrap_or_else(|_| ModelTable::built_in());
 
         let tenants_dir = server.tenants_dir.clone();
@@ -602,6 +608,11 @@ fn build_tenant(
     );
     problems.extend(
         validate::policy_problems(&file.policy, "policy", read_problems)
+            .into_iter()
+            .map(problem),
+    );
+    warnings.extend(
+        validate::policy_warnings(&file.policy, "policy")
             .into_iter()
             .map(problem),
     );

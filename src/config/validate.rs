@@ -101,6 +101,27 @@ pub fn server_problems(server: &super::ServerFile) -> Vec<String> {
     problems
 }
 
+/// Warnings for a policy that loads but likely does not say what was meant: a `tool_filter`
+/// name spelt as a glob (`secret_*`) is matched as that exact name, so it filters nothing.
+pub fn policy_warnings(policy: &Policy, at: &str) -> Vec<String> {
+    let Some(filter) = &policy.tool_filter else {
+        return Vec::new();
+    };
+    let lists = [("include", &filter.include), ("exclude", &filter.exclude)];
+    let mut warnings = Vec::new();
+    for (which, names) in lists {
+        for (i, name) in names.iter().flatten().enumerate() {
+            if name.contains(['*', '?', '[', '{']) {
+                warnings.push(format!(
+                    "{at}.tool_filter.{which}[{i}]: `{name}` is matched as an exact tool name \
+                     (tool_filter takes names, not globs)"
+                ));
+            }
+        }
+    }
+    warnings
+}
+
 /// A warning when some requests can have no role: the tenant defines roles (so every request
 /// needs one) but no `default_role`, and `keys: any` or a listed key without a `role` leaves
 /// the role to the `x-ctxproxy-role` header, or to nothing. Such requests get 403
@@ -146,6 +167,26 @@ mod tests {
 
     fn tenant(yaml: &str) -> TenantFile {
         serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_tool_filter_name_spelt_as_a_glob_is_a_warning() {
+        let p = policy("tool_filter: { exclude: [search, 'secret_*', 'a?'] }");
+        assert_eq!(
+            policy_warnings(&p, "policy"),
+            [
+                "policy.tool_filter.exclude[1]: `secret_*` is matched as an exact tool name (tool_filter takes names, not globs)",
+                "policy.tool_filter.exclude[2]: `a?` is matched as an exact tool name (tool_filter takes names, not globs)",
+            ]
+        );
+        assert!(
+            policy_warnings(
+                &policy("tool_filter: { include: [get_weather] }"),
+                "defaults"
+            )
+            .is_empty()
+        );
+        assert!(policy_warnings(&Policy::default(), "defaults").is_empty());
     }
 
     #[test]
