@@ -115,6 +115,9 @@ struct ChoiceDeltas {
     refusal: Option<String>,
     tool_calls: BTreeMap<u64, ToolCallDeltas>,
     finish_reason: Option<Value>,
+    /// The choice's `logprobs`, each list (`content`, `refusal`) joined chunk after chunk as a
+    /// non-streamed answer holds it whole.
+    logprobs: Option<Map<String, Value>>,
     /// The other delta fields (`reasoning_content`, streamed `annotations`, a legacy
     /// `function_call`, `audio`, …), merged as the SDK merges deltas (see [`merge_delta`]).
     extra: Map<String, Value>,
@@ -194,6 +197,23 @@ struct ToolCallDeltas {
 }
 
 impl ChoiceDeltas {
+    /// Adds a chunk's `logprobs`: its lists go on the end of the lists so far, anything else
+    /// replaces what was there.
+    fn join_logprobs(&mut self, chunk: &Map<String, Value>) {
+        let joined = self.logprobs.get_or_insert_with(Map::new);
+        for (key, value) in chunk {
+            match (joined.get_mut(key), value) {
+                (Some(Value::Array(so_far)), Value::Array(more)) => {
+                    so_far.extend(more.iter().cloned());
+                }
+                // A chunk without this list (`"refusal": null`) keeps what came before.
+                (Some(_), Value::Null) => {}
+                _ => {
+                    joined.insert(key.clone(), value.clone());
+                }
+            }
+        }
+    }
     /// Where a tool call delta without an `index` goes (Gemini's OpenAI endpoint sends none,
     /// parallel calls included): to the call with its `id`, or a new call when the id is new;
     /// a delta without an id continues the last call.
@@ -412,6 +432,9 @@ impl StreamAccumulator {
             {
                 acc.finish_reason = Some(fr.clone());
             }
+            if let Some(Value::Object(logprobs)) = choice.get("logprobs") {
+                acc.join_logprobs(logprobs);
+            }
             let Some(delta) = choice.get("delta") else {
                 continue;
             };
@@ -478,6 +501,7 @@ impl StreamAccumulator {
             choices.push(json!({
                 "index": index,
                 "message": message,
+                "logprobs": acc.logprobs.map_or(Value::Null, Value::Object),
                 "finish_reason": acc.finish_reason.unwrap_or(Value::Null),
             }));
         }
@@ -1165,6 +1189,31 @@ mod tests {
 
     /// With `n: 2`, a choice finished does not make the other whole: a stream that stops
     /// without `[DONE]` while one choice has no finish reason was cut short.
+    /// A streamed choice's `logprobs` come a few tokens per chunk: the record holds them
+    /// joined, as a non-streamed answer's choice holds them.
+    #[test]
+    fn streamed_logprobs_are_joined_per_choice() {
+        let lp = |t: &str| json!({"token": t, "logprob": -0.1, "bytes": [], "top_logprobs": []});
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"logprobs":{"content":[lp("Hel")],"refusal":null}}]}),
+            json!({"choices":[{"index":0,"delta":{"content":"lo"},"logprobs":{"content":[lp("lo")],"refusal":null}}]}),
+            json!({"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}),
+        ]);
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(&body);
+        let reply = acc.finish().reply;
+        assert_eq!(
+            reply.choices[0]["logprobs"],
+            json!({"content": [lp("Hel"), lp("lo")], "refusal": null})
+        );
+        assert_eq!(reply.messages[0]["content"], "Hello");
+        let mut plain = StreamAccumulator::new(ApiKind::Chat);
+        plain.feed(&sse(&[
+            json!({"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}),
+        ]));
+        assert_eq!(plain.finish().reply.choices[0]["logprobs"], Value::Null);
+    }
+
     #[test]
     fn a_chat_stream_with_one_choice_unfinished_and_no_done_is_cut_short() {
         let body = format!(
