@@ -44,6 +44,9 @@ pub struct Completion {
     /// The hex sha256 of the client's key, recorded with the reply's response id: only that
     /// key continues it by `previous_response_id`.
     pub key_hash: Option<String>,
+    /// The system messages sent in place of the stored ones, for the record
+    /// (`history::Assembled::system`).
+    pub system: Option<Value>,
 }
 
 impl Completion {
@@ -141,6 +144,7 @@ impl Completion {
                 .and_then(|r| serde_json::to_value(r).ok()),
             choices,
             usage,
+            system: self.system.take(),
         };
         let lease = self.lock.take().and_then(SessionLock::into_lease);
         let kept_lease = lease.clone();

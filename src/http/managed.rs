@@ -653,6 +653,7 @@ async fn prepare(
         // A client without a key is recorded as one (an empty hash), not as a response from
         // before keys were recorded, which any key may continue.
         key_hash: Some(scope.key_hash.clone().unwrap_or_default()),
+        system: assembled.system,
     };
     let rewritten = match rewritten {
         Ok(r) => r,

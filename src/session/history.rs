@@ -34,6 +34,10 @@ pub struct Assembled {
     /// Server mode: the last stored reply of the head branch the request continues. A
     /// Responses chain begun from a response only the upstream holds goes on from there.
     pub head_reply: Option<MessageId>,
+    /// Server mode: the leading system messages the request sent in place of the stored ones,
+    /// when they differ from them (a JSON array as received). They are not in the branch, so
+    /// the request's record keeps them (SPEC 4.2: every message received is stored).
+    pub system: Option<Value>,
 }
 
 /// A request's own messages, and their chained ids from the root when already computed.
@@ -168,6 +172,9 @@ pub async fn assemble(
             .take_while(|m| is_instruction(&m.body))
             .count()
     };
+    let system = (!instructions.is_empty()
+        && !same_lead(instructions, &stored[..skip_stored_lead]))
+    .then(|| Value::Array(instructions.to_vec()));
     for m in stored.into_iter().skip(skip_stored_lead) {
         ids.push(m.id);
         messages.push(m.body);
@@ -180,7 +187,18 @@ pub async fn assemble(
         ids,
         only_incoming: false,
         head_reply,
+        system,
     })
+}
+
+/// Whether `instructions` are the stored leading messages `lead` again, by identity (SPEC 4.2:
+/// their canonical form, chained from the root).
+fn same_lead(instructions: &[Value], lead: &[StoredMessage]) -> bool {
+    instructions.len() == lead.len()
+        && chain_ids(instructions)
+            .iter()
+            .zip(lead)
+            .all(|(id, stored)| *id == stored.id)
 }
 
 /// Client mode with no stored history to add: the request is the conversation, and what to
@@ -220,6 +238,7 @@ fn client_conversation(incoming: Incoming) -> Assembled {
         ids,
         only_incoming: true,
         head_reply: None,
+        system: None,
     }
 }
 

@@ -51,6 +51,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "tools a summary has seen",
         sql: include_str!("../../migrations/sqlite/0006_summary_tools_seen.sql"),
     },
+    Migration {
+        version: 7,
+        description: "system messages a request sent in place of the stored ones",
+        sql: include_str!("../../migrations/sqlite/0007_request_system.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -84,6 +89,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 6,
         description: "tools a summary has seen",
         sql: include_str!("../../migrations/postgres/0006_summary_tools_seen.sql"),
+    },
+    Migration {
+        version: 7,
+        description: "system messages a request sent in place of the stored ones",
+        sql: include_str!("../../migrations/postgres/0007_request_system.sql"),
     },
 ];
 

@@ -175,6 +175,10 @@ pub struct NewRequestRecord {
     /// The reply's `usage` as the upstream reported it (rebuilt from a stream's usage chunk);
     /// `None` when it reported none.
     pub usage: Option<Value>,
+    /// The leading system (or developer) messages a server-mode request sent in place of the
+    /// stored ones (SPEC 4.1: for this request only, so the branch keeps its own), as a JSON
+    /// array as received; `None` when it replaced nothing or sent the same.
+    pub system: Option<Value>,
 }
 
 impl NewRequestRecord {
@@ -197,6 +201,7 @@ impl NewRequestRecord {
             report: self.report.clone(),
             choices: self.choices.clone(),
             usage: self.usage.clone(),
+            system: self.system.clone(),
         }
     }
 }
@@ -224,6 +229,8 @@ pub struct RequestRecord {
     pub choices: Option<Value>,
     /// The reply's usage as the upstream reported it.
     pub usage: Option<Value>,
+    /// What [`NewRequestRecord::system`] holds.
+    pub system: Option<Value>,
 }
 
 /// A summary to insert. It covers the branch from the root up to `anchor` (at seq

@@ -227,6 +227,7 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
             report: Some(json!({"tokens_in": 100, "removed": [{"index": 1, "role": "tool", "reason": "tool_filter"}]})),
             choices: (i == 2).then(|| json!([{"index": 1, "message": {"role": "assistant", "content": "alt"}}])),
             usage: (i == 1).then(|| json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9, "x_extra": {"kept": true}})),
+            system: (i == 1).then(|| json!([{"role": "system", "content": "Be brief.\u{0}", "x_kept": 1}])),
         })
         .await
         .unwrap();
@@ -247,6 +248,11 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
     );
     assert!(list[0].choices.is_none());
     assert!(list[0].usage.is_none());
+    assert!(list[0].system.is_none());
+    assert_eq!(
+        list[1].system,
+        Some(json!([{"role": "system", "content": "Be brief.\u{0}", "x_kept": 1}]))
+    );
     assert_eq!(
         list[1].usage,
         Some(

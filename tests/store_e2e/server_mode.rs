@@ -242,7 +242,79 @@ async fn a_request_whose_client_left_while_it_waited_is_not_forwarded(b: Backend
     );
 }
 
+/// A leading system message in a server-mode request stands in for the stored one for that
+/// request only (SPEC 4.1): the branch keeps its own, and the one sent instead is kept with the
+/// request's record (SPEC 4.2: nothing received is lost). Sending the stored one again keeps
+/// nothing extra.
+async fn a_system_message_sent_instead_of_the_stored_one_is_kept_in_the_record(b: Backend) {
+    let (proxy, mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let brief = json!({"role": "system", "content": "Be brief."});
+    let pirate = json!({"role": "system", "content": "Talk like a pirate.", "x_kept": [1]});
+    let first = reply_message(
+        &chat(
+            &base,
+            "sk-a",
+            &server("sys"),
+            &plain(&[brief.clone(), user("hello")]),
+        )
+        .await,
+    );
+    let second = reply_message(
+        &chat(
+            &base,
+            "sk-a",
+            &server("sys"),
+            &plain(&[pirate.clone(), user("again")]),
+        )
+        .await,
+    );
+    let third = reply_message(
+        &chat(
+            &base,
+            "sk-a",
+            &server("sys"),
+            &plain(&[brief.clone(), user("thanks")]),
+        )
+        .await,
+    );
+
+    let upstream = upstream_histories(&mock);
+    assert_eq!(
+        upstream[1][0], pirate,
+        "the pirate went upstream in place of the stored one"
+    );
+    let stored = without_seq(&proxy.stored_messages("default", "sys").await);
+    assert_eq!(
+        stored,
+        [
+            brief,
+            user("hello"),
+            first,
+            user("again"),
+            second,
+            user("thanks"),
+            third
+        ],
+        "the branch keeps its own system message"
+    );
+    let records = proxy.request_records("default", "sys").await;
+    assert_eq!(records.len(), 3);
+    assert_eq!(
+        records[0]["system"],
+        Value::Null,
+        "the first turn stored it in the branch"
+    );
+    assert_eq!(records[1]["system"], json!([pirate]), "{}", records[1]);
+    assert_eq!(
+        records[2]["system"],
+        Value::Null,
+        "the stored one again: nothing replaced"
+    );
+}
+
 on_both_backends!(
+    a_system_message_sent_instead_of_the_stored_one_is_kept_in_the_record,
     a_turn_that_failed_is_left_out_of_the_next_one,
     unknown_previous_response_id_goes_with_the_items_as_received,
     a_chain_begun_upstream_goes_on_from_its_root_in_server_mode,

@@ -34,8 +34,8 @@ pub(super) async fn insert_request(
     sqlx::query(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
-         choices, usage) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-         $14::text::json, $15::text::json, $16::text::json)",
+         choices, usage, system) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+         $13, $14::text::json, $15::text::json, $16::text::json, $17::text::json)",
     )
     .bind(&id)
     .bind(&r.tenant)
@@ -53,6 +53,7 @@ pub(super) async fn insert_request(
     .bind(json_text(&r.report)?)
     .bind(json_text(&r.choices)?)
     .bind(json_text(&r.usage)?)
+    .bind(json_text(&r.system)?)
     .execute(&mut *conn)
     .await?;
     Ok(r.stored(id, time))
@@ -96,7 +97,7 @@ pub(super) async fn list_requests(
     let rows = sqlx::query(
         "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
          tokens_out, latency_ms, upstream_latency_ms, request_id, report::text AS report, \
-         choices::text AS choices, usage::text AS usage \
+         choices::text AS choices, usage::text AS usage, system::text AS system \
          FROM requests WHERE tenant = $1 AND session_id = $2 ORDER BY created_at, id",
     )
     .bind(tenant)
@@ -126,6 +127,7 @@ fn request_from_row(row: &PgRow) -> Result<RequestRecord> {
         report: json_value(row.try_get("report")?)?,
         choices: json_value(row.try_get("choices")?)?,
         usage: json_value(row.try_get("usage")?)?,
+        system: json_value(row.try_get("system")?)?,
     })
 }
 

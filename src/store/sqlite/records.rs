@@ -43,7 +43,7 @@ pub(super) fn insert_request_row(
     conn.prepare_cached(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
-         choices, usage) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         choices, usage, system) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )?
     .execute(params![
         id,
@@ -62,6 +62,7 @@ pub(super) fn insert_request_row(
         json_text(&r.report)?,
         json_text(&r.choices)?,
         json_text(&r.usage)?,
+        json_text(&r.system)?,
     ])?;
     Ok((id, time))
 }
@@ -103,8 +104,8 @@ pub(super) fn list_requests(
 ) -> Result<Vec<RequestRecord>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id, tenant, session_id, head_id, created_at, endpoint, model, status, tokens_in, \
-         tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices, usage \
-         FROM requests WHERE tenant = ? AND session_id = ? ORDER BY created_at, id",
+         tokens_out, latency_ms, upstream_latency_ms, request_id, report, choices, usage, \
+         system FROM requests WHERE tenant = ? AND session_id = ? ORDER BY created_at, id",
     )?;
     let mut rows = stmt.query(params![tenant, session])?;
     let mut out = Vec::new();
@@ -134,6 +135,7 @@ fn request_from_row(row: &Row<'_>) -> Result<RequestRecord> {
         report: json_value(row.get("report")?)?,
         choices: json_value(row.get("choices")?)?,
         usage: json_value(row.get("usage")?)?,
+        system: json_value(row.get("system")?)?,
     })
 }
 
