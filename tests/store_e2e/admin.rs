@@ -214,6 +214,7 @@ async fn streamed_chat_record_keeps_the_rebuilt_choice_and_usage(b: Backend) {
         json!([{
             "index": 0,
             "message": {"role": "assistant", "content": "ok: 1 messages", "refusal": null},
+            "logprobs": null,
             "finish_reason": "stop",
         }]),
         "the one choice, rebuilt from the deltas: {}",
