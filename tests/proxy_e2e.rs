@@ -415,8 +415,23 @@ async fn keyed_tenant_swaps_in_its_upstream_key() {
         .await
         .unwrap();
     assert_eq!(models.status(), 200);
+    // Azure's clients send their key as `api-key`, others as `x-api-key`: the proxy key
+    // selects its tenant there too, and goes no further.
+    for name in ["api-key", "x-api-key"] {
+        let ok = http
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header(name, "sk-proxy-acme")
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200, "{name}");
+    }
+    assert_eq!(mock.requests().len(), 4);
     for r in mock.requests() {
         assert_eq!(r.header("authorization"), Some("Bearer sk-upstream-secret"));
+        assert_eq!(r.header("api-key"), None);
+        assert_eq!(r.header("x-api-key"), None);
     }
 
     let denied = http
@@ -433,7 +448,7 @@ async fn keyed_tenant_swaps_in_its_upstream_key() {
     assert_eq!(err["code"], "invalid_api_key");
     assert_eq!(
         mock.requests().len(),
-        2,
+        4,
         "a denied request never reaches the upstream"
     );
 }

@@ -1,16 +1,17 @@
-//! Which tenant a request belongs to: the bearer token's sha256 among the tenants' keys, else
-//! the `keys: any` tenant, else 401.
+//! Which tenant a request belongs to: the client's key's sha256 among the tenants' keys, else
+//! the `keys: any` tenant, else 401. The key is the bearer token, or where a client sends none
+//! the `api-key` (Azure's clients) or `x-api-key` header.
 
 use axum::http::HeaderMap;
 
 use crate::config::{Config, Selected};
 use crate::error::{Error, Result};
-use crate::upstream::headers::{UpstreamAuth, bearer};
+use crate::upstream::headers::{UpstreamAuth, client_credential};
 
-/// Selects the tenant for the request's Authorization header.
+/// Selects the tenant for the request's key.
 pub fn select(config: &Config, headers: &HeaderMap) -> Result<Selected> {
     config
-        .select_tenant(bearer(headers))
+        .select_tenant(client_credential(headers))
         .ok_or(Error::InvalidApiKey)
 }
 

@@ -59,7 +59,7 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
     let mut out = HeaderMap::with_capacity(client.len());
     let listed = connection_listed(client);
     let replaced = matches!(auth, UpstreamAuth::Replace(_));
-    let client_key = bearer(client).map(str::as_bytes);
+    let client_key = client_credential(client).map(str::as_bytes);
     for (name, value) in client {
         if is_hop_by_hop(name)
             || listed.contains(name)
@@ -236,7 +236,7 @@ pub fn query_to_upstream(
     if !matches!(auth, UpstreamAuth::Replace(_)) {
         return Some(query.to_string());
     }
-    let client_key = bearer(client).map(str::as_bytes);
+    let client_key = client_credential(client).map(str::as_bytes);
     let kept: Vec<&str> = query
         .split('&')
         .filter(|pair| {
@@ -404,6 +404,22 @@ mod tests {
         assert_eq!(
             query_to_upstream(query, &msg, &UpstreamAuth::Forward).as_deref(),
             query
+        );
+    }
+
+    /// A proxy key presented as `api-key` (no Authorization) is the client's key as much as a
+    /// bearer token: it goes on under no name, in no header and no query parameter.
+    #[test]
+    fn a_proxy_key_sent_as_api_key_goes_on_nowhere() {
+        let msg = headers(&[("api-key", "sk-proxy-azure"), ("x-copy", "sk-proxy-azure")]);
+        let auth = UpstreamAuth::Replace(Some("sk-op".into()));
+        let out = to_upstream(&msg, &auth, true);
+        assert!(out.get("api-key").is_none());
+        assert!(out.get("x-copy").is_none());
+        assert_eq!(out["authorization"], "Bearer sk-op");
+        assert_eq!(
+            query_to_upstream(Some("k=sk-proxy-azure&v=1"), &msg, &auth).as_deref(),
+            Some("v=1")
         );
     }
 
