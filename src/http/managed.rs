@@ -515,12 +515,9 @@ async fn prepare(
     } else {
         Vec::new()
     };
-    // Only a conversation that may hold a reply can match a stored one.
-    let lookup_ids = if session::resolve::may_hold_reply(&incoming) {
-        auto_ids.as_slice()
-    } else {
-        &[]
-    };
+    // Only a conversation that may hold a reply can match a stored one, and only up to it.
+    let lookup_ids =
+        &auto_ids[..session::resolve::through_last_reply(&incoming).min(auto_ids.len())];
     // Auto matching must see the replies this process already answered with.
     state.pending.settle(lookup_ids, None).await;
     let resolved = session::resolve(

@@ -136,16 +136,30 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
     })
 }
 
-/// Auto matching only counts prefixes holding a stored reply, and a reply is what the upstream
-/// produced: never a user, system, developer or tool message. A conversation made only of those
-/// cannot match, so it is not looked up (a first turn costs no read).
-pub fn may_hold_reply(messages: &[Value]) -> bool {
-    messages.iter().any(|m| {
-        !matches!(
-            m.get("role").and_then(Value::as_str),
-            Some("user" | "system" | "developer" | "tool")
-        )
-    })
+/// How many leading messages auto matching looks up: the conversation up to its last message
+/// that may be a reply (what the upstream produced: never a user, system, developer or tool
+/// message). Only prefixes holding a stored reply count, so a conversation without one is not
+/// looked up at all (a first turn costs no read). What follows the last reply is the client's
+/// new turn: that another session stored the same words after the same reply says nothing of
+/// whose conversation this is (two runs of one deterministic script share every message), so it
+/// must not make that session the longer match.
+pub fn through_last_reply(messages: &[Value]) -> usize {
+    messages.iter().rposition(may_be_reply).map_or(0, |i| i + 1)
+}
+
+/// A message or Responses item the upstream may have produced: not one a client writes (a
+/// user, system, developer or tool message, a Responses tool result such as
+/// `function_call_output`, an MCP approval).
+fn may_be_reply(m: &Value) -> bool {
+    let by_client_role = matches!(
+        m.get("role").and_then(Value::as_str),
+        Some("user" | "system" | "developer" | "tool")
+    );
+    let by_client_type = m
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t.ends_with("_output") || t == "mcp_approval_response");
+    !by_client_role && !by_client_type
 }
 
 fn valid_id(s: &str) -> bool {

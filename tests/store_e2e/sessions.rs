@@ -36,6 +36,77 @@ async fn auto_mode_separates_conversations_and_finds_a_continued_one(b: Backend)
     assert_eq!(stored.len(), 2, "the other conversation is untouched");
 }
 
+/// Two runs of one deterministic script (an eval, a replay, a temperature-0 model): the same
+/// questions get the same answers, so every message of the second run is also in the first
+/// run's session. The second run keeps a session of its own (SPEC 4: a new conversation is
+/// never a branch of someone else's): the new turn's own messages, after the last reply, do not
+/// make the first run's session the longer match. Runs that interleave are the same
+/// conversation at every step, so which of the two sessions a turn continues cannot be told;
+/// each turn continues a session's head, so both sessions stay whole, with no branch.
+async fn two_identical_runs_keep_their_own_sessions(b: Backend) {
+    let (proxy, _mock) = proxy_and_mock(b.options()).await;
+    let base = proxy.base_url();
+    let questions = ["What is 2 + 2?", "And times 3?", "Thanks."];
+    // One turn of a run: its conversation so far plus the next question; the session it went to.
+    let turn = |history: &mut Vec<Value>, q: &str| {
+        history.push(user(q));
+        let body = request(history);
+        let base = base.clone();
+        async move {
+            let answer = chat(&base, "sk-a", &[], &body).await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            (answer.session.clone().unwrap(), reply_message(&answer))
+        }
+    };
+
+    let mut runs = [Vec::new(), Vec::new()];
+    let mut sessions = [Vec::new(), Vec::new()];
+    for k in 0..2 {
+        for q in questions {
+            let (session, reply) = turn(&mut runs[k], q).await;
+            runs[k].push(reply);
+            sessions[k].push(session);
+        }
+    }
+    assert_eq!(runs[0], runs[1], "the same script");
+    for k in 0..2 {
+        assert!(
+            sessions[k].iter().all(|s| *s == sessions[k][0]),
+            "{sessions:?}"
+        );
+    }
+    assert_ne!(sessions[0][0], sessions[1][0], "one session per run");
+    for k in 0..2 {
+        let stored = proxy.stored_messages("default", &sessions[k][0]).await;
+        assert_eq!(without_seq(&stored), runs[k], "each session holds its run");
+        proxy
+            .state
+            .store
+            .delete_session("default", &sessions[k][0])
+            .await
+            .unwrap();
+    }
+
+    let mut runs = [Vec::new(), Vec::new()];
+    let mut used = std::collections::BTreeSet::new();
+    for q in questions {
+        for run in runs.iter_mut() {
+            let (session, reply) = turn(run, q).await;
+            run.push(reply);
+            used.insert(session);
+        }
+    }
+    assert_eq!(used.len(), 2, "{used:?}");
+    for session in &used {
+        let stored = proxy.stored_messages("default", session).await;
+        assert_eq!(without_seq(&stored), runs[0], "{session}: whole, in order");
+        let (_, detail) = proxy
+            .admin_get(&format!("/ctxproxy/v1/sessions/default/{session}"))
+            .await;
+        assert_eq!(detail["branches"].as_array().unwrap().len(), 1, "{detail}");
+    }
+}
+
 pub(super) const ACME_KEY: &str = "sk-proxy-acme-store-e2e";
 const ACME_UPSTREAM_ENV: &str = "CTXPROXY_STORE_E2E_ACME_KEY";
 
@@ -223,6 +294,7 @@ async fn a_chat_request_without_messages_is_refused_and_stores_nothing(b: Backen
 }
 
 on_both_backends!(
+    two_identical_runs_keep_their_own_sessions,
     metadata_session_id_names_the_session_and_is_not_forwarded_unless_stored,
     a_chat_request_without_messages_is_refused_and_stores_nothing,
     auto_mode_separates_conversations_and_finds_a_continued_one,

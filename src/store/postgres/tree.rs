@@ -324,13 +324,14 @@ pub(super) async fn find_by_prefix(
     let wanted: Vec<Vec<u8>> = ids.iter().map(|id| id.0.to_vec()).collect();
     let row = sqlx::query(
         "WITH m AS MATERIALIZED ( \
-           SELECT session_id, seq FROM messages \
+           SELECT session_id, seq, id FROM messages \
            WHERE tenant = $1 AND reply_in_prefix AND id = ANY($4)) \
-         SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
+         SELECT m.session_id, MAX(m.seq) AS matched, \
+           COALESCE(BOOL_OR(m.id = s.head_id), false) AS at_head, s.updated_at \
          FROM m JOIN sessions s ON s.tenant = $1 AND s.id = m.session_id \
          WHERE s.key_hash IS NOT DISTINCT FROM $2 AND s.user_id IS NOT DISTINCT FROM $3 \
-         GROUP BY m.session_id, s.updated_at \
-         ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1",
+         GROUP BY m.session_id, s.head_id, s.updated_at \
+         ORDER BY matched DESC, at_head DESC, s.updated_at DESC, m.session_id LIMIT 1",
     )
     .bind(tenant)
     .bind(&scope.key_hash)

@@ -280,12 +280,13 @@ pub(super) fn find_by_prefix(
         // `+m.session_id`: without it SQLite walks a whole tenant's messages in an index that
         // is ordered by session (to group without sorting) instead of looking the ids up.
         let sql = format!(
-            "SELECT m.session_id, MAX(m.seq) AS matched, s.updated_at \
+            "SELECT m.session_id, MAX(m.seq) AS matched, \
+             COALESCE(MAX(m.id = s.head_id), 0) AS at_head, s.updated_at \
              FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
              WHERE m.tenant = ?1 AND s.key_hash IS ?2 AND s.user_id IS ?3 \
              AND m.reply_in_prefix = 1 AND m.id IN ({list}) \
-             GROUP BY +m.session_id, s.updated_at \
-             ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT 1"
+             GROUP BY +m.session_id, s.head_id, s.updated_at \
+             ORDER BY matched DESC, at_head DESC, s.updated_at DESC, m.session_id LIMIT 1"
         );
         let params = with_ids(&[&tenant, &scope.key_hash, &scope.user], chunk, padded);
         let mut stmt = conn.prepare_cached(&sql)?;
@@ -298,7 +299,9 @@ pub(super) fn find_by_prefix(
                 ))
             })
             .optional()?;
-        // Within a window the query already picks by (matched length, session updated_at).
+        // Within a window the query already picks by matched length, then a session whose head
+        // the conversation continues (over one it would branch, as two identical runs would
+        // otherwise share a session), then the most recently updated.
         if let Some((seq, _, session_id)) = row {
             return Ok(Some(PrefixMatch {
                 session_id,
