@@ -2,6 +2,13 @@
 //! (each backend's own SQL); this is the loop around it: poll with capped, jittered backoff so
 //! other processes are noticed, and wake same-process waiters at once on release so they do
 //! not spin or sleep needlessly. No connection is held while waiting or while the lease is held.
+//!
+//! Waking this process's waiters at once would starve another process's, which only poll: a
+//! process with a request always ready took every release. So a waiter that finds the lease
+//! taken claims the next turn (the session row's `lock_claim`, for [`CLAIM_TTL`], renewed by
+//! every attempt that fails) unless a waiter that began waiting earlier holds the claim, and
+//! while another waiter's claim stands a free lease is not taken: the longest waiter goes next,
+//! whichever process it is in.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,11 +23,34 @@ use crate::{Error, Result};
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 const MAX_BACKOFF: Duration = Duration::from_millis(200);
 
+/// How long a waiter's claim on a session's next turn lasts unless it renews it (at least every
+/// [`MAX_BACKOFF`] while it waits). A waiter that gives up takes its claim back; one whose
+/// request was dropped holds others up no longer than this.
+pub(crate) const CLAIM_TTL: Duration = Duration::from_millis(600);
+
 /// In-process wakeups per (tenant, session). Entries are weak so that sessions nobody waits
 /// on do not accumulate.
 #[derive(Default)]
 pub(crate) struct Wakeups {
     map: Mutex<HashMap<(String, String), Weak<Notify>>>,
+}
+
+/// A waiter's claim on a session's next turn: who it is, and when it began to wait (unix ms),
+/// which decides between claimants.
+#[derive(Clone, Debug)]
+pub(crate) struct Claim {
+    pub claimant: String,
+    pub since: i64,
+}
+
+impl Claim {
+    /// The claim of a waiter that begins to wait now.
+    pub(crate) fn new() -> Claim {
+        Claim {
+            claimant: new_owner(),
+            since: super::time::Timestamp::now().millis(),
+        }
+    }
 }
 
 impl Wakeups {

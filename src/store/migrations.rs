@@ -56,6 +56,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "system messages a request sent in place of the stored ones",
         sql: include_str!("../../migrations/sqlite/0007_request_system.sql"),
     },
+    Migration {
+        version: 8,
+        description: "claims on a session's next turn",
+        sql: include_str!("../../migrations/sqlite/0008_session_lease_claim.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -94,6 +99,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 7,
         description: "system messages a request sent in place of the stored ones",
         sql: include_str!("../../migrations/postgres/0007_request_system.sql"),
+    },
+    Migration {
+        version: 8,
+        description: "claims on a session's next turn",
+        sql: include_str!("../../migrations/postgres/0008_session_lease_claim.sql"),
     },
 ];
 

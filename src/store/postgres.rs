@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, PgRow};
 
-use super::lease::{self, Wakeups};
+use super::lease::{self, Claim, Wakeups};
 use super::migrations::{self, LOCK_ROW};
 use super::time::Timestamp;
 use super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened};
@@ -70,9 +70,10 @@ impl PostgresStore {
         tenant: &str,
         session: &str,
         ttl: Duration,
+        claim: &Claim,
     ) -> Result<Option<Lease>> {
         let mut conn = self.pool.acquire().await?;
-        take_lease(&mut conn, kind, tenant, session, ttl).await
+        take_lease(&mut conn, kind, tenant, session, ttl, claim).await
     }
 
     async fn release(&self, kind: LeaseKind, lease: &Lease) -> Result<()> {
@@ -132,13 +133,16 @@ impl PostgresStore {
 
 /// One attempt at a lease: a single conditional UPDATE. Under READ COMMITTED a concurrent
 /// winner makes PostgreSQL re-check the WHERE clause on the new row version, so at most one of
-/// them matches.
+/// them matches. `claim`: the waiter asking; a session lease is not taken while another
+/// waiter's claim on the next turn stands, and a failed attempt claims it (unless an earlier
+/// waiter holds it).
 async fn take_lease(
     conn: &mut PgConnection,
     kind: LeaseKind,
     tenant: &str,
     session: &str,
     ttl: Duration,
+    claim: &Claim,
 ) -> Result<Option<Lease>> {
     let now = Timestamp::now();
     let lease = Lease {
@@ -149,23 +153,58 @@ async fn take_lease(
     };
     let sql = match kind {
         LeaseKind::Session => {
-            "UPDATE sessions SET lock_owner = $1, lock_until = $2 WHERE tenant = $3 \
-             AND id = $4 AND (lock_owner IS NULL OR lock_until <= $5)"
+            "UPDATE sessions SET lock_owner = $1, lock_until = $2, lock_claim = NULL, lock_claim_since = NULL, \
+             lock_claim_until = NULL WHERE tenant = $3 AND id = $4 \
+             AND (lock_owner IS NULL OR lock_until <= $5) \
+             AND (lock_claim IS NULL OR lock_claim = $6 OR lock_claim_until <= $5)"
         }
         LeaseKind::Summary => {
             "UPDATE sessions SET summary_owner = $1, summary_until = $2 WHERE tenant = $3 \
              AND id = $4 AND (summary_owner IS NULL OR summary_until <= $5)"
         }
     };
-    let done = sqlx::query(sql)
+    let mut query = sqlx::query(sql)
         .bind(&lease.owner)
         .bind(lease.until.millis())
         .bind(tenant)
         .bind(session)
-        .bind(now.millis())
-        .execute(&mut *conn)
-        .await?;
-    Ok((done.rows_affected() == 1).then_some(lease))
+        .bind(now.millis());
+    if matches!(kind, LeaseKind::Session) {
+        query = query.bind(&claim.claimant);
+    }
+    let done = query.execute(&mut *conn).await?;
+    if done.rows_affected() == 1 {
+        return Ok(Some(lease));
+    }
+    if matches!(kind, LeaseKind::Session) {
+        claim_next_turn(conn, tenant, session, claim, now).await?;
+    }
+    Ok(None)
+}
+
+/// Claims a session's next turn for the waiter `claim` (or renews its claim) unless another
+/// waiter's stands that began waiting no later: see `store/lease.rs`.
+async fn claim_next_turn(
+    conn: &mut PgConnection,
+    tenant: &str,
+    session: &str,
+    claim: &Claim,
+    now: Timestamp,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE sessions SET lock_claim = $1, lock_claim_since = $2, lock_claim_until = $3 \
+         WHERE tenant = $4 AND id = $6 AND (lock_claim IS NULL OR lock_claim = $1 \
+         OR lock_claim_until <= $5 OR lock_claim_since > $2)",
+    )
+    .bind(&claim.claimant)
+    .bind(claim.since)
+    .bind(now.plus(lease::CLAIM_TTL).millis())
+    .bind(tenant)
+    .bind(now.millis())
+    .bind(session)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// Releases a lease if its owner still holds it (otherwise a no-op).
@@ -289,9 +328,10 @@ impl Store for PostgresStore {
             return Err(Error::NotFound(format!("session '{session}' not found")));
         }
         // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
-        lease::acquire(&self.wakeups, tenant, session, wait, || async {
+        let claim = Claim::new();
+        let acquired = lease::acquire(&self.wakeups, tenant, session, wait, || async {
             match self
-                .try_lease(LeaseKind::Session, tenant, session, ttl)
+                .try_lease(LeaseKind::Session, tenant, session, ttl, &claim)
                 .await?
             {
                 None if self.get_session(tenant, session).await?.is_none() => {
@@ -300,7 +340,20 @@ impl Store for PostgresStore {
                 taken => Ok(taken),
             }
         })
-        .await
+        .await;
+        if acquired.is_err() {
+            // Given up: the next turn is not this waiter's to hold up.
+            let _ = sqlx::query(
+                "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
+                 lock_claim_until = NULL WHERE tenant = $1 AND id = $2 AND lock_claim = $3",
+            )
+            .bind(tenant)
+            .bind(session)
+            .bind(&claim.claimant)
+            .execute(&self.pool)
+            .await;
+        }
+        acquired
     }
 
     async fn renew_session_lease(&self, held: &Lease, ttl: Duration) -> Result<Option<Lease>> {
@@ -433,7 +486,7 @@ impl Store for PostgresStore {
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        self.try_lease(LeaseKind::Summary, tenant, session, ttl)
+        self.try_lease(LeaseKind::Summary, tenant, session, ttl, &Claim::new())
             .await
     }
 

@@ -33,7 +33,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::Store;
-use super::lease::{self, Wakeups};
+use super::lease::{self, Claim, Wakeups};
 use super::migrations::{self, LOCK_ROW};
 use super::time::Timestamp;
 use super::turn::{TurnClose, TurnClosed, TurnOpen, TurnOpened};
@@ -107,10 +107,12 @@ impl SqliteStore {
         tenant: &str,
         session: &str,
         ttl: Duration,
+        claim: &Claim,
     ) -> Result<Option<Lease>> {
         let (tenant, session) = (tenant.to_string(), session.to_string());
+        let claim = claim.clone();
         self.threads
-            .write(move |conn| Ok(take_lease(conn, kind, tenant, session, ttl)?.ok()))
+            .write(move |conn| Ok(take_lease(conn, kind, tenant, session, ttl, &claim)?.ok()))
             .await
     }
 
@@ -161,12 +163,16 @@ fn holds_session_lease(conn: &Connection, lease: &Lease) -> Result<bool> {
 }
 
 /// One attempt at a lease: the conditional UPDATE. `Err(())` inside: someone else holds it.
+/// `claim`: the waiter asking. A session lease is not taken while another waiter's claim on
+/// the next turn stands, and an attempt that fails claims it (unless an earlier waiter holds
+/// it), so that another process's waiters are not starved by this one's (see `store/lease.rs`).
 fn take_lease(
     conn: &Connection,
     kind: LeaseKind,
     tenant: String,
     session: String,
     ttl: Duration,
+    claim: &Claim,
 ) -> Result<Result<Lease, ()>> {
     let now = Timestamp::now();
     let lease = Lease {
@@ -175,24 +181,54 @@ fn take_lease(
         owner: lease::new_owner(),
         until: now.plus(ttl),
     };
-    let sql = match kind {
-        LeaseKind::Session => {
-            "UPDATE sessions SET lock_owner = ?, lock_until = ? WHERE tenant = ? AND id = ? \
-             AND (lock_owner IS NULL OR lock_until <= ?)"
-        }
-        LeaseKind::Summary => {
-            "UPDATE sessions SET summary_owner = ?, summary_until = ? WHERE tenant = ? \
-             AND id = ? AND (summary_owner IS NULL OR summary_until <= ?)"
-        }
+    let changed = match kind {
+        LeaseKind::Session => conn
+            .prepare_cached(
+                "UPDATE sessions SET lock_owner = ?1, lock_until = ?2, lock_claim = NULL, lock_claim_since = NULL, \
+                 lock_claim_until = NULL WHERE tenant = ?3 AND id = ?4 \
+                 AND (lock_owner IS NULL OR lock_until <= ?5) \
+                 AND (lock_claim IS NULL OR lock_claim = ?6 OR lock_claim_until <= ?5)",
+            )?
+            .execute(params![
+                lease.owner,
+                lease.until.millis(),
+                lease.tenant,
+                lease.session,
+                now.millis(),
+                claim.claimant
+            ])?,
+        LeaseKind::Summary => conn
+            .prepare_cached(
+                "UPDATE sessions SET summary_owner = ?, summary_until = ? WHERE tenant = ? \
+                 AND id = ? AND (summary_owner IS NULL OR summary_until <= ?)",
+            )?
+            .execute(params![
+                lease.owner,
+                lease.until.millis(),
+                lease.tenant,
+                lease.session,
+                now.millis()
+            ])?,
     };
-    let changed = conn.prepare_cached(sql)?.execute(params![
-        lease.owner,
-        lease.until.millis(),
-        lease.tenant,
-        lease.session,
-        now.millis()
-    ])?;
-    Ok(if changed == 1 { Ok(lease) } else { Err(()) })
+    if changed == 1 {
+        return Ok(Ok(lease));
+    }
+    if matches!(kind, LeaseKind::Session) {
+        conn.prepare_cached(
+            "UPDATE sessions SET lock_claim = ?1, lock_claim_since = ?2, lock_claim_until = ?3 \
+             WHERE tenant = ?4 AND id = ?6 AND (lock_claim IS NULL OR lock_claim = ?1 \
+             OR lock_claim_until <= ?5 OR lock_claim_since > ?2)",
+        )?
+        .execute(params![
+            claim.claimant,
+            claim.since,
+            now.plus(lease::CLAIM_TTL).millis(),
+            lease.tenant,
+            now.millis(),
+            lease.session
+        ])?;
+    }
+    Ok(Err(()))
 }
 
 const SESSION_COLUMNS: &str = "s.tenant, s.id, s.key_hash, s.user_id, s.created_at, \
@@ -359,11 +395,13 @@ impl Store for SqliteStore {
         // The common case, a free lease, costs one job; existence is checked in the same job
         // only when that fails (a missing session must be `NotFound`, not a timeout).
         let (t, s) = owned(tenant, session);
+        let claim = Claim::new();
+        let first_claim = claim.clone();
         let first = self
             .threads
             .write(move |conn| {
                 let (t2, s2) = (t.clone(), s.clone());
-                match take_lease(conn, LeaseKind::Session, t, s, ttl)? {
+                match take_lease(conn, LeaseKind::Session, t, s, ttl, &first_claim)? {
                     Ok(lease) => Ok(Some(lease)),
                     Err(()) => {
                         let exists: Option<i64> = conn
@@ -382,9 +420,9 @@ impl Store for SqliteStore {
             return Ok(lease);
         }
         // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
-        lease::acquire(&self.wakeups, tenant, session, wait, || async {
+        let acquired = lease::acquire(&self.wakeups, tenant, session, wait, || async {
             match self
-                .try_lease(LeaseKind::Session, tenant, session, ttl)
+                .try_lease(LeaseKind::Session, tenant, session, ttl, &claim)
                 .await?
             {
                 None if self.get_session(tenant, session).await?.is_none() => {
@@ -393,7 +431,23 @@ impl Store for SqliteStore {
                 taken => Ok(taken),
             }
         })
-        .await
+        .await;
+        if acquired.is_err() {
+            // Given up: the next turn is not this waiter's to hold up.
+            let (t, s) = owned(tenant, session);
+            let _ = self
+                .threads
+                .write(move |conn| {
+                    conn.prepare_cached(
+                        "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
+                         lock_claim_until = NULL WHERE tenant = ? AND id = ? AND lock_claim = ?",
+                    )?
+                    .execute(params![t, s, claim.claimant])?;
+                    Ok(())
+                })
+                .await;
+        }
+        acquired
     }
 
     async fn renew_session_lease(&self, held: &Lease, ttl: Duration) -> Result<Option<Lease>> {
@@ -555,7 +609,7 @@ impl Store for SqliteStore {
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        self.try_lease(LeaseKind::Summary, tenant, session, ttl)
+        self.try_lease(LeaseKind::Summary, tenant, session, ttl, &Claim::new())
             .await
     }
 

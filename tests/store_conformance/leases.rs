@@ -173,6 +173,60 @@ pub async fn session_lease_serialises_turns_across_two_stores(fx: &Fixture) {
     second.close().await;
 }
 
+/// A process that always has a request waiting for a session wakes it the moment it releases
+/// the lease, while another process's waiter only polls: without claims it got in only when a
+/// poll happened to land between a release and the next local take (seconds, hundreds of
+/// turns; or never, until its wait ran out). Here one store keeps four requests going back to
+/// back on a session, and the other store's request gets its turn after the ones already
+/// waiting: a few of the busy store's turns, not hundreds.
+pub async fn a_busy_process_does_not_starve_another_s_waiter(fx: &Fixture) {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    fx.store
+        .get_or_create_session("t", "contended", &scope())
+        .await
+        .unwrap();
+    let busy = fx.second_store().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let turns = Arc::new(AtomicU32::new(0));
+    let churn: Vec<_> = (0..4)
+        .map(|_| {
+            let (busy, stop, turns) = (busy.clone(), stop.clone(), turns.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let lease = busy
+                        .lock_session("t", "contended", LONG, LONG)
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    busy.unlock_session(&lease).await.unwrap();
+                    turns.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    // Let the busy store's turns get going first.
+    while turns.load(Ordering::Relaxed) < 5 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = turns.load(Ordering::Relaxed);
+    let got = fx
+        .store
+        .lock_session("t", "contended", LONG, Duration::from_secs(30))
+        .await;
+    let waited_turns = turns.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    let lease = got.expect("the other store's waiter got its turn");
+    fx.store.unlock_session(&lease).await.unwrap();
+    for task in churn {
+        task.await.unwrap();
+    }
+    assert!(
+        waited_turns < 30,
+        "the waiter let {waited_turns} of the busy store's turns go first"
+    );
+    busy.close().await;
+}
+
 pub async fn lost_database_is_store_unavailable(fx: &Fixture) {
     let s = fx.store.as_ref();
     s.get_or_create_session("t", "s", &scope()).await.unwrap();

@@ -19,7 +19,9 @@ impl PostgresStore {
     pub(super) async fn open_turn_tx(&self, open: TurnOpen) -> Result<TurnOpened> {
         let (tenant, session) = (open.tenant.as_str(), open.session.as_str());
         let mut tx = self.pool.begin().await?;
-        if let Some(lease) = create_and_lease(&mut tx, &open).await? {
+        if let Some(lease) =
+            create_and_lease(&mut tx, &open, &super::super::lease::Claim::new().claimant).await?
+        {
             // A failing append rolls the lease back with it (the transaction is dropped).
             let appended = match &open.append {
                 None => Vec::new(),
@@ -93,7 +95,11 @@ impl PostgresStore {
 /// is free: one statement (an upsert whose update only happens on a free lease) instead of an
 /// insert and an update, so one round trip and one row version fewer. `None`: someone else
 /// holds the lease.
-async fn create_and_lease(conn: &mut PgConnection, open: &TurnOpen) -> Result<Option<Lease>> {
+async fn create_and_lease(
+    conn: &mut PgConnection,
+    open: &TurnOpen,
+    claimant: &str,
+) -> Result<Option<Lease>> {
     let now = Timestamp::now();
     let lease = Lease {
         tenant: open.tenant.clone(),
@@ -105,8 +111,11 @@ async fn create_and_lease(conn: &mut PgConnection, open: &TurnOpen) -> Result<Op
         "INSERT INTO sessions (tenant, id, key_hash, user_id, created_at, updated_at, \
          lock_owner, lock_until) VALUES ($1, $2, $3, $4, $5, $5, $6, $7) \
          ON CONFLICT (tenant, id) DO UPDATE SET lock_owner = EXCLUDED.lock_owner, \
-         lock_until = EXCLUDED.lock_until \
-         WHERE sessions.lock_owner IS NULL OR sessions.lock_until <= $5",
+         lock_until = EXCLUDED.lock_until, lock_claim = NULL, lock_claim_since = NULL, \
+         lock_claim_until = NULL \
+         WHERE (sessions.lock_owner IS NULL OR sessions.lock_until <= $5) \
+         AND (sessions.lock_claim IS NULL OR sessions.lock_claim = $8 \
+         OR sessions.lock_claim_until <= $5)",
     )
     .bind(&lease.tenant)
     .bind(&lease.session)
@@ -115,6 +124,7 @@ async fn create_and_lease(conn: &mut PgConnection, open: &TurnOpen) -> Result<Op
     .bind(now.millis())
     .bind(&lease.owner)
     .bind(lease.until.millis())
+    .bind(claimant)
     .execute(&mut *conn)
     .await?;
     Ok((done.rows_affected() == 1).then_some(lease))
