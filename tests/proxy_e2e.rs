@@ -417,17 +417,27 @@ async fn keyed_tenant_swaps_in_its_upstream_key() {
     assert_eq!(models.status(), 200);
     // Azure's clients send their key as `api-key`, others as `x-api-key`: the proxy key
     // selects its tenant there too, and goes no further.
-    for name in ["api-key", "x-api-key"] {
-        let ok = http
+    // Beside another credential too: each one presented is looked up.
+    let presented = [
+        vec![("api-key", "sk-proxy-acme")],
+        vec![("x-api-key", "sk-proxy-acme")],
+        vec![
+            ("authorization", "Basic dXNlcjpwYXNz"),
+            ("api-key", "sk-proxy-acme"),
+        ],
+        vec![("api-key", "sk-unknown"), ("x-api-key", "sk-proxy-acme")],
+    ];
+    for headers in &presented {
+        let mut request = http
             .post(format!("{}/chat/completions", proxy.base_url()))
-            .header(name, "sk-proxy-acme")
-            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(ok.status(), 200, "{name}");
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let ok = request.send().await.unwrap();
+        assert_eq!(ok.status(), 200, "{headers:?}");
     }
-    assert_eq!(mock.requests().len(), 4);
+    assert_eq!(mock.requests().len(), 6);
     for r in mock.requests() {
         assert_eq!(r.header("authorization"), Some("Bearer sk-upstream-secret"));
         assert_eq!(r.header("api-key"), None);
@@ -448,7 +458,7 @@ async fn keyed_tenant_swaps_in_its_upstream_key() {
     assert_eq!(err["code"], "invalid_api_key");
     assert_eq!(
         mock.requests().len(),
-        4,
+        6,
         "a denied request never reaches the upstream"
     );
 }

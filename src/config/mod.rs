@@ -400,18 +400,22 @@ impl Config {
 
     /// The tenant for a bearer token: a listed key first, else the `keys: any` tenant.
     pub fn select_tenant(&self, bearer: Option<&str>) -> Option<Selected> {
-        if let Some(token) = bearer {
-            let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-            if let Some((idx, role)) = self.by_key.get(&hash) {
-                return Some(Selected {
-                    tenant: self.tenants[*idx].clone(),
-                    key_role: role.clone(),
-                });
-            }
-        }
-        self.any_tenant.map(|idx| Selected {
-            tenant: self.tenants[idx].clone(),
-            key_role: None,
+        bearer
+            .and_then(|token| self.listed_tenant(token))
+            .or_else(|| {
+                self.any_tenant.map(|idx| Selected {
+                    tenant: self.tenants[idx].clone(),
+                    key_role: None,
+                })
+            })
+    }
+
+    /// The tenant that lists `key` among its keys, with the key's role.
+    pub fn listed_tenant(&self, key: &str) -> Option<Selected> {
+        let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        self.by_key.get(&hash).map(|(idx, role)| Selected {
+            tenant: self.tenants[*idx].clone(),
+            key_role: role.clone(),
         })
     }
 

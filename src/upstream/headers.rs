@@ -59,7 +59,7 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
     let mut out = HeaderMap::with_capacity(client.len());
     let listed = connection_listed(client);
     let replaced = matches!(auth, UpstreamAuth::Replace(_));
-    let client_key = client_credential(client).map(str::as_bytes);
+    let client_keys: Vec<&[u8]> = client_credentials(client).map(str::as_bytes).collect();
     for (name, value) in client {
         if is_hop_by_hop(name)
             || listed.contains(name)
@@ -91,14 +91,15 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         if replaced && KEY_HEADERS.contains(&name.as_str()) {
             continue;
         }
-        if replaced && let Some(key) = client_key {
+        if replaced && !client_keys.is_empty() {
             if name == header::SEC_WEBSOCKET_PROTOCOL {
-                if let Some(kept) = without_key_items(value, key) {
+                if let Some(kept) = without_key_items(value, &client_keys) {
                     out.append(name.clone(), kept);
                 }
                 continue;
             }
-            if carries(name.as_str().as_bytes(), key) || carries(value.as_bytes(), key) {
+            let carried = |b: &[u8]| client_keys.iter().any(|key| carries(b, key));
+            if carried(name.as_str().as_bytes()) || carried(value.as_bytes()) {
                 continue;
             }
         }
@@ -211,12 +212,12 @@ fn carries(value: &[u8], key: &[u8]) -> bool {
 }
 
 /// A comma-separated header value without the items that carry `key`; `None` when none is left.
-fn without_key_items(value: &HeaderValue, key: &[u8]) -> Option<HeaderValue> {
+fn without_key_items(value: &HeaderValue, keys: &[&[u8]]) -> Option<HeaderValue> {
     let kept: Vec<&[u8]> = value
         .as_bytes()
         .split(|b| *b == b',')
         .map(<[u8]>::trim_ascii)
-        .filter(|item| !item.is_empty() && !carries(item, key))
+        .filter(|item| !item.is_empty() && !keys.iter().any(|key| carries(item, key)))
         .collect();
     HeaderValue::from_bytes(&kept.join(&b", "[..]))
         .ok()
@@ -236,7 +237,7 @@ pub fn query_to_upstream(
     if !matches!(auth, UpstreamAuth::Replace(_)) {
         return Some(query.to_string());
     }
-    let client_key = client_credential(client).map(str::as_bytes);
+    let client_keys: Vec<&[u8]> = client_credentials(client).map(str::as_bytes).collect();
     let kept: Vec<&str> = query
         .split('&')
         .filter(|pair| {
@@ -247,7 +248,9 @@ pub fn query_to_upstream(
                 b"api-key" | b"api_key"
             );
             !named_as_key
-                && !client_key.is_some_and(|key| carries(&name, key) || carries(&value, key))
+                && !client_keys
+                    .iter()
+                    .any(|key| carries(&name, key) || carries(&value, key))
         })
         .collect();
     (!kept.is_empty()).then(|| kept.join("&"))
@@ -258,13 +261,24 @@ pub fn query_to_upstream(
 /// What tells one client of a `keys: any` tenant from another. An empty one (`Bearer ` with
 /// no token, an empty header) presents nothing, so it is passed over like a missing one.
 pub fn client_credential(headers: &HeaderMap) -> Option<&str> {
-    bearer(headers).or_else(|| {
-        std::iter::once(header::AUTHORIZATION.as_str())
-            .chain(KEY_HEADERS)
-            .filter_map(|name| headers.get(name)?.to_str().ok())
-            .map(str::trim)
-            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("bearer"))
-    })
+    client_credentials(headers).next()
+}
+
+/// Every credential a client presents, in [`client_credential`]'s order: a listed proxy key may
+/// come in any of them (an `api-key` beside a `Basic` Authorization), and none may go upstream
+/// for a keyed tenant.
+pub fn client_credentials(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    let others = std::iter::once(header::AUTHORIZATION.as_str())
+        .chain(KEY_HEADERS)
+        .filter_map(|name| headers.get(name)?.to_str().ok())
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("bearer"))
+        // The bearer token's whole `Authorization` value is not another credential.
+        .filter(|c| {
+            !c.split_once(' ')
+                .is_some_and(|(s, _)| s.eq_ignore_ascii_case("bearer"))
+        });
+    bearer(headers).into_iter().chain(others)
 }
 
 /// The bearer token of an Authorization header, if any.
@@ -421,6 +435,41 @@ mod tests {
             query_to_upstream(Some("k=sk-proxy-azure&v=1"), &msg, &auth).as_deref(),
             Some("v=1")
         );
+    }
+
+    #[test]
+    fn every_credential_presented_is_listed_bearer_first() {
+        let all = |pairs: &[(&str, &str)]| {
+            let h = headers(pairs);
+            client_credentials(&h)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            all(&[
+                ("authorization", "Bearer sk-1"),
+                ("api-key", "k1"),
+                ("x-api-key", "k2")
+            ]),
+            ["sk-1", "k1", "k2"]
+        );
+        assert_eq!(
+            all(&[("authorization", "Basic dXNlcg=="), ("api-key", "k1")]),
+            ["Basic dXNlcg==", "k1"]
+        );
+        assert_eq!(
+            all(&[("authorization", "Bearer "), ("x-api-key", " ")]),
+            Vec::<String>::new()
+        );
+        // A keyed tenant forwards none of them, wherever they are carried.
+        let msg = headers(&[
+            ("authorization", "Basic dXNlcg=="),
+            ("api-key", "k-listed"),
+            ("x-echo", "k-listed"),
+        ]);
+        let out = to_upstream(&msg, &UpstreamAuth::Replace(Some("sk-op".into())), false);
+        assert!(out.get("x-echo").is_none());
+        assert!(out.get("api-key").is_none());
     }
 
     /// The re-audit's case: a short key is matched whole, not inside other values.
