@@ -40,6 +40,15 @@ pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> V
             _ => {}
         }
     }
+    if policy
+        .compress_tool_output
+        .as_ref()
+        .is_some_and(|c| c.max_tokens == 0)
+    {
+        problems.push(format!(
+            "{at}.compress_tool_output.max_tokens: must be above 0 (every result would be emptied)"
+        ));
+    }
     if let Some(summary) = &policy.summary {
         if summary.model.trim().is_empty() {
             problems.push(format!(
@@ -192,6 +201,10 @@ mod tests {
     #[test]
     fn steps_given_two_ways_or_none_are_problems() {
         for (yaml, problem) in [
+            (
+                "compress_tool_output: { max_tokens: 0 }",
+                "policy.compress_tool_output.max_tokens: must be above 0 (every result would be emptied)",
+            ),
             (
                 "tool_filter: { include: [a], exclude: [b] }",
                 "policy.tool_filter: give either include or exclude, not both",
