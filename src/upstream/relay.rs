@@ -221,8 +221,9 @@ fn failure_error(failure: StreamFailure) -> Error {
     let what = match failure {
         StreamFailure::Reported(message) => format!("the upstream sent an error event: {message}"),
         StreamFailure::CutShort => {
-            "it ended before the answer did (a chat stream with neither a finish_reason nor \
-             [DONE], or a Responses stream with nothing finished or an item left unfinished)"
+            "it ended before the answer did (a chat stream with a choice left without a \
+             finish_reason and no [DONE], or a Responses stream with nothing finished or an \
+             item left unfinished)"
                 .to_string()
         }
     };
