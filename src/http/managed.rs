@@ -516,8 +516,8 @@ async fn prepare(
         Vec::new()
     };
     // Only a conversation that may hold a reply can match a stored one, and only up to it.
-    let lookup_ids =
-        &auto_ids[..session::resolve::through_last_reply(&incoming).min(auto_ids.len())];
+    let through = session::resolve::through_last_reply(&incoming).min(auto_ids.len());
+    let lookup_ids = &auto_ids[..through];
     // Auto matching must see the replies this process already answered with.
     state.pending.settle(lookup_ids, None).await;
     let resolved = session::resolve(
@@ -528,7 +528,8 @@ async fn prepare(
             metadata_session_id: call.metadata_session_id(),
             previous_response: previous.as_ref().map(|r| (r.session.clone(), r.message)),
             scope: &scope,
-            ids: lookup_ids,
+            ids: &auto_ids,
+            through,
         },
     )
     .await?;

@@ -44,6 +44,9 @@ pub struct Hints<'a> {
     pub scope: &'a Scope,
     /// The chained ids of the incoming conversation (for auto matching); empty to skip it.
     pub ids: &'a [MessageId],
+    /// How many of `ids` auto matching looks up: through the last reply
+    /// ([`through_last_reply`]); none skips it.
+    pub through: usize,
 }
 
 /// Resolves the session id for a request of `tenant`. A known `previous_response_id` anchors
@@ -116,9 +119,9 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
         });
     }
     if tenant.file.session.auto
-        && !hints.ids.is_empty()
+        && hints.through > 0
         && let Some(found) = store
-            .find_session_by_prefix(&tenant.name, hints.scope, hints.ids)
+            .find_session_continued(&tenant.name, hints.scope, hints.ids, hints.through)
             .await?
     {
         return Ok(Resolved {

@@ -189,6 +189,21 @@ pub trait Store: Send + Sync {
         tenant: &str,
         scope: &Scope,
         ids: &[MessageId],
+    ) -> Result<Option<PrefixMatch>> {
+        self.find_session_continued(tenant, scope, ids, ids.len())
+            .await
+    }
+
+    /// [`Store::find_session_by_prefix`] over the first `through` of `ids` only (the
+    /// conversation up to its last reply), with ties going first to a session whose head is
+    /// one of `ids` (the conversation continues it, or retries its unanswered turn, rather
+    /// than branching off it), then to the most recently updated.
+    async fn find_session_continued(
+        &self,
+        tenant: &str,
+        scope: &Scope,
+        ids: &[MessageId],
+        through: usize,
     ) -> Result<Option<PrefixMatch>>;
 
     /// Stores one request record; the session must exist.

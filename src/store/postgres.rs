@@ -414,13 +414,14 @@ impl Store for PostgresStore {
         tree::branches(&self.pool, tenant, session).await
     }
 
-    async fn find_session_by_prefix(
+    async fn find_session_continued(
         &self,
         tenant: &str,
         scope: &Scope,
         ids: &[MessageId],
+        through: usize,
     ) -> Result<Option<PrefixMatch>> {
-        tree::find_by_prefix(&self.pool, tenant, scope, ids).await
+        tree::find_by_prefix(&self.pool, tenant, scope, ids, through).await
     }
 
     async fn insert_request(&self, record: &NewRequestRecord) -> Result<RequestRecord> {

@@ -529,17 +529,18 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn find_session_by_prefix(
+    async fn find_session_continued(
         &self,
         tenant: &str,
         scope: &Scope,
         ids: &[MessageId],
+        through: usize,
     ) -> Result<Option<PrefixMatch>> {
         let tenant = tenant.to_string();
         let scope = scope.clone();
         let ids = ids.to_vec();
         self.threads
-            .read(move |conn| tree::find_by_prefix(conn, &tenant, &scope, &ids))
+            .read(move |conn| tree::find_by_prefix(conn, &tenant, &scope, &ids, through))
             .await
     }
 

@@ -138,6 +138,34 @@ pub struct PrefixMatch {
     pub matched_len: usize,
 }
 
+/// How many sessions tied on the longest match an auto-match lookup weighs (see
+/// [`pick_candidate`]).
+pub(crate) const CANDIDATES: usize = 16;
+
+/// A session an auto-match lookup found: how far it matched (the seq of its deepest matched
+/// message) and its head.
+pub(crate) struct Candidate {
+    pub session_id: String,
+    pub matched: i64,
+    pub head: Option<MessageId>,
+}
+
+/// The session to continue among `candidates` (longest match first, then most recently
+/// updated): of those with the longest match, the first whose head is one of the incoming
+/// `ids` (the conversation continues it, or retries its unanswered turn), else the first.
+pub(crate) fn pick_candidate(candidates: Vec<Candidate>, ids: &[MessageId]) -> Option<PrefixMatch> {
+    let longest = candidates.first()?.matched;
+    let tied = candidates.iter().take_while(|c| c.matched == longest);
+    let continued = tied
+        .clone()
+        .find(|c| c.head.is_some_and(|h| ids.contains(&h)));
+    let chosen = continued.or_else(|| candidates.first())?;
+    Some(PrefixMatch {
+        session_id: chosen.session_id.clone(),
+        matched_len: (chosen.matched + 1) as usize,
+    })
+}
+
 /// A lease on a session (request serialisation) or on its summary job. Held until released or
 /// until `until`; after that anyone may take it over, so a crashed process never blocks a
 /// session for longer than the ttl.

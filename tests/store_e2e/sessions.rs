@@ -104,7 +104,35 @@ async fn two_identical_runs_keep_their_own_sessions(b: Backend) {
             .admin_get(&format!("/ctxproxy/v1/sessions/default/{session}"))
             .await;
         assert_eq!(detail["branches"].as_array().unwrap().len(), 1, "{detail}");
+        proxy
+            .state
+            .store
+            .delete_session("default", session)
+            .await
+            .unwrap();
     }
+
+    // A run whose second turn failed, then a second run, then the first one's retry: the
+    // retry goes back to its own session, whose unanswered turn it is.
+    let mut a = Vec::new();
+    let (a_session, reply) = turn(&mut a, questions[0]).await;
+    a.push(reply);
+    a.push(user(questions[1]));
+    let failed = chat(&base, "sk-a", &[("x-mock-status", "500")], &request(&a)).await;
+    assert_eq!(failed.status, 500, "{}", failed.body);
+    let mut b_run = Vec::new();
+    for q in &questions[..2] {
+        let (session, reply) = turn(&mut b_run, q).await;
+        b_run.push(reply);
+        assert_ne!(session, a_session, "the second run has its own session");
+    }
+    let retried = chat(&base, "sk-a", &[], &request(&a)).await;
+    assert_eq!(retried.status, 200, "{}", retried.body);
+    assert_eq!(
+        retried.session.as_deref(),
+        Some(a_session.as_str()),
+        "the retry found its turn"
+    );
 }
 
 pub(super) const ACME_KEY: &str = "sk-proxy-acme-store-e2e";

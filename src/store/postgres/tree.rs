@@ -315,36 +315,43 @@ pub(super) async fn find_by_prefix(
     tenant: &str,
     scope: &Scope,
     ids: &[MessageId],
+    through: usize,
 ) -> Result<Option<PrefixMatch>> {
     // One query whatever the length: the ids travel as one bytea[] parameter. The matching
     // messages are found first, by id (`MATERIALIZED`), and only then joined to their sessions:
     // with statistics that lag a growing table, the planner otherwise starts from every session
     // of the tenant and probes each one's messages (measured: 250 ms for 26 k sessions and 200
     // ids that match nothing, against 0.1 ms this way).
-    let wanted: Vec<Vec<u8>> = ids.iter().map(|id| id.0.to_vec()).collect();
-    let row = sqlx::query(
+    let wanted: Vec<Vec<u8>> = ids[..through.min(ids.len())]
+        .iter()
+        .map(|id| id.0.to_vec())
+        .collect();
+    let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH m AS MATERIALIZED ( \
-           SELECT session_id, seq, id FROM messages \
+           SELECT session_id, seq FROM messages \
            WHERE tenant = $1 AND reply_in_prefix AND id = ANY($4)) \
-         SELECT m.session_id, MAX(m.seq) AS matched, \
-           COALESCE(BOOL_OR(m.id = s.head_id), false) AS at_head, s.updated_at \
+         SELECT m.session_id, MAX(m.seq) AS matched, s.head_id, s.updated_at \
          FROM m JOIN sessions s ON s.tenant = $1 AND s.id = m.session_id \
          WHERE s.key_hash IS NOT DISTINCT FROM $2 AND s.user_id IS NOT DISTINCT FROM $3 \
          GROUP BY m.session_id, s.head_id, s.updated_at \
-         ORDER BY matched DESC, at_head DESC, s.updated_at DESC, m.session_id LIMIT 1",
-    )
+         ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT {CANDIDATES}"
+    )))
     .bind(tenant)
     .bind(&scope.key_hash)
     .bind(super::text::opt_text(scope.user.as_deref()))
     .bind(wanted)
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await?;
-    row.map(|row| {
-        let seq: i64 = row.try_get("matched")?;
-        Ok(PrefixMatch {
-            session_id: row.try_get("session_id")?,
-            matched_len: (seq + 1) as usize,
+    let candidates = rows
+        .iter()
+        .map(|row| {
+            let head: Option<Vec<u8>> = row.try_get("head_id")?;
+            Ok(Candidate {
+                session_id: row.try_get("session_id")?,
+                matched: row.try_get("matched")?,
+                head: head.as_deref().and_then(|h| id_from_bytes(h).ok()),
+            })
         })
-    })
-    .transpose()
+        .collect::<Result<Vec<_>>>()?;
+    Ok(pick_candidate(candidates, ids))
 }

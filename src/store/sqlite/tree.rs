@@ -270,43 +270,39 @@ pub(super) fn find_by_prefix(
     tenant: &str,
     scope: &Scope,
     ids: &[MessageId],
+    through: usize,
 ) -> Result<Option<PrefixMatch>> {
+    let looked_up = &ids[..through.min(ids.len())];
     // Windows from the end: ids are chained, so a match in a later window is longer than any
     // in an earlier one and the first window that matches holds the answer. A client resending
     // its history matches all but its last message or two: one small probe, not one per id.
-    for window in tail_first_windows(ids.len()) {
-        let chunk = &ids[window];
+    for window in tail_first_windows(looked_up.len()) {
+        let chunk = &looked_up[window];
         let (list, padded) = in_list(chunk.len());
         // `+m.session_id`: without it SQLite walks a whole tenant's messages in an index that
         // is ordered by session (to group without sorting) instead of looking the ids up.
         let sql = format!(
-            "SELECT m.session_id, MAX(m.seq) AS matched, \
-             COALESCE(MAX(m.id = s.head_id), 0) AS at_head, s.updated_at \
+            "SELECT m.session_id, MAX(m.seq) AS matched, s.head_id, s.updated_at \
              FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id \
              WHERE m.tenant = ?1 AND s.key_hash IS ?2 AND s.user_id IS ?3 \
              AND m.reply_in_prefix = 1 AND m.id IN ({list}) \
              GROUP BY +m.session_id, s.head_id, s.updated_at \
-             ORDER BY matched DESC, at_head DESC, s.updated_at DESC, m.session_id LIMIT 1"
+             ORDER BY matched DESC, s.updated_at DESC, m.session_id LIMIT {CANDIDATES}"
         );
         let params = with_ids(&[&tenant, &scope.key_hash, &scope.user], chunk, padded);
         let mut stmt = conn.prepare_cached(&sql)?;
-        let row = stmt
-            .query_row(&*params, |row| {
-                Ok((
-                    row.get::<_, i64>("matched")?,
-                    row.get::<_, i64>("updated_at")?,
-                    row.get::<_, String>("session_id")?,
-                ))
-            })
-            .optional()?;
-        // Within a window the query already picks by matched length, then a session whose head
-        // the conversation continues (over one it would branch, as two identical runs would
-        // otherwise share a session), then the most recently updated.
-        if let Some((seq, _, session_id)) = row {
-            return Ok(Some(PrefixMatch {
-                session_id,
-                matched_len: (seq + 1) as usize,
-            }));
+        let candidates = stmt
+            .query_map(&*params, |row| {
+                let head: Option<Vec<u8>> = row.get("head_id")?;
+                Ok(Candidate {
+                    session_id: row.get("session_id")?,
+                    matched: row.get("matched")?,
+                    head: head.and_then(|h| id_from_bytes(&h).ok()),
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        if let Some(found) = pick_candidate(candidates, ids) {
+            return Ok(Some(found));
         }
     }
     Ok(None)
