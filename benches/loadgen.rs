@@ -137,6 +137,7 @@ struct User {
 
 async fn run(o: Opts) {
     let client = reqwest::Client::builder()
+        .gzip(false)
         .pool_max_idle_per_host(4096)
         .tcp_nodelay(true)
         .build()
@@ -343,6 +344,7 @@ fn report(o: &Opts, samples: &[Sample], dropped: usize, elapsed: f64) {
 async fn hold_streams(base: String, n: usize, hold_ms: u64) {
     assert!(base.starts_with("http://127.0.0.1"), "local targets only");
     let client = reqwest::Client::builder()
+        .gzip(false)
         .pool_max_idle_per_host(n)
         .build()
         .expect("client");

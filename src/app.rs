@@ -53,7 +53,10 @@ impl AppState {
         // Building a client loads TLS roots (~100 ms): do it now, not on a user's request.
         for tenant in &config.tenants {
             let connect = Duration::from_secs(tenant.file.upstream.connect_timeout_s);
-            if let Err(e) = upstream.client(connect) {
+            if let Err(e) = upstream
+                .client(connect)
+                .and(upstream.reading_client(connect))
+            {
                 tracing::warn!(error = %e, "could not prepare the upstream client");
             }
         }

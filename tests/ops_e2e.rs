@@ -620,6 +620,7 @@ async fn readyz_answers_503_promptly_when_the_database_is_gone() {
     forwarder.abort();
     let _ = forwarder.await;
     let probe = reqwest::Client::builder()
+        .gzip(false)
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();

@@ -389,6 +389,100 @@ async fn managed_requests_ask_the_upstream_for_a_plain_reply() {
     assert_eq!(seen[2].header("accept-encoding"), Some("gzip"));
 }
 
+/// An upstream that gzips its answers even when asked for none: the proxy decodes them, so the
+/// reply is stored (a stream's too) and the client gets it plain, as it would have without the
+/// compression. A forwarded request's answer is relayed as the upstream encoded it.
+#[tokio::test]
+async fn a_gzipped_answer_is_decoded_and_stored() {
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gzip = |text: &str| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let whole = json!({"id": "chatcmpl-z", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "zipped"}, "finish_reason": "stop"}]})
+    .to_string();
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+            "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    };
+    let streamed = format!(
+        "{}{}data: [DONE]\n\n",
+        chunk(
+            json!({"role": "assistant", "content": "zipped stream"}),
+            Value::Null
+        ),
+        chunk(json!({}), json!("stop"))
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let (whole, streamed) = (gzip(&whole), gzip(&streamed));
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let n = conn.read(&mut buf).await.unwrap();
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let (body, kind) = if head.contains("\"stream\":true") {
+                    (streamed, "text/event-stream")
+                } else {
+                    (whole, "application/json")
+                };
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-encoding: gzip\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                conn.write_all(response.as_bytes()).await.unwrap();
+                conn.write_all(&body).await.unwrap();
+            });
+        }
+    });
+    let tenant = format!("keys: any\nupstream:\n  base_url: http://{addr}/v1\n");
+    let proxy = Proxy::start(
+        ProxyOptions::default().only_tenant("zip", &tenant),
+        "unused",
+    )
+    .await;
+    for (stream, session, text) in [
+        (false, "zip-whole", "zipped"),
+        (true, "zip-stream", "zipped stream"),
+    ] {
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", session)
+            .json(&json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers().get("content-encoding"), None, "{session}");
+        let body = resp.text().await.unwrap();
+        assert!(body.contains(text), "{session}: {body}");
+        assert!(!body.contains("\"error\""), "{session}: {body}");
+        let stored = proxy.stored_messages("zip", session).await;
+        assert_eq!(stored.len(), 2, "{session}: {stored:?}");
+        assert_eq!(stored[1]["content"], text, "{session}");
+    }
+    // Forwarded: the bytes as encoded (the client asked for gzip, and decodes it itself).
+    let raw = reqwest::Client::builder().gzip(false).build().unwrap();
+    let resp = raw
+        .post(format!("{}/embeddings", proxy.base_url()))
+        .header("accept-encoding", "gzip")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-encoding"], "gzip");
+    let bytes = resp.bytes().await.unwrap();
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b], "still gzip");
+}
+
 #[tokio::test]
 async fn keyed_tenant_swaps_in_its_upstream_key() {
     // SAFETY: set once before any request reads it; the variable is used by this test only.

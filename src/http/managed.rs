@@ -732,7 +732,7 @@ async fn send(
     let timeout = Duration::from_secs(up.timeout_s);
     let client = state
         .upstream
-        .client(Duration::from_secs(up.connect_timeout_s))?;
+        .reading_client(Duration::from_secs(up.connect_timeout_s))?;
     let auth = tenant::upstream_auth(selected);
     let body = call.to_body()?;
     let upstream_started = Instant::now();

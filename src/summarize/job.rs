@@ -174,7 +174,7 @@ impl Job {
         let client = self
             .state
             .upstream
-            .client(Duration::from_secs(up.connect_timeout_s))?;
+            .reading_client(Duration::from_secs(up.connect_timeout_s))?;
         let target = Target {
             base_url: &self.tenant.upstream_base,
             credentials: &self.credentials,

@@ -15,26 +15,39 @@ use axum::http::{HeaderMap, Method};
 
 use crate::error::{Error, Result};
 
-/// Pooled clients, one per connect timeout (reqwest sets that per client). Cloning a client is
-/// cheap and shares its connection pool, so the lock is held only to look one up.
+/// Pooled clients, one per connect timeout (reqwest sets that per client) and kind. Cloning a
+/// client is cheap and shares its connection pool, so the lock is held only to look one up.
 #[derive(Default)]
 pub struct Upstream {
-    clients: Mutex<HashMap<(u64, bool), reqwest::Client>>,
+    clients: Mutex<HashMap<ClientKey, reqwest::Client>>,
 }
 
+/// What a client is for: its connect timeout (ms), HTTP/1.1 only (protocol upgrades), and
+/// whether it decodes a gzipped answer (those the proxy reads itself).
+type ClientKey = (u64, bool, bool);
+
 impl Upstream {
-    /// The client for a connect timeout, built on first use.
+    /// The client for relaying a request unchanged (pass-through), for a connect timeout, built
+    /// on first use: the answer reaches the client as the upstream encoded it.
     pub fn client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
-        self.client_for(connect_timeout, false)
+        self.client_for((connect_timeout.as_millis() as u64, false, false))
+    }
+
+    /// The client for a request whose answer the proxy reads and stores (managed routes, the
+    /// summariser). They ask for an uncompressed answer (`headers::PLAIN_REPLY`); one gzipped
+    /// nonetheless is decoded here, so the reply can still be stored.
+    pub fn reading_client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
+        self.client_for((connect_timeout.as_millis() as u64, false, true))
     }
 
     /// Like [`Upstream::client`], speaking HTTP/1.1 only (for protocol upgrades).
     pub fn http1_client(&self, connect_timeout: Duration) -> Result<reqwest::Client> {
-        self.client_for(connect_timeout, true)
+        self.client_for((connect_timeout.as_millis() as u64, true, false))
     }
 
-    fn client_for(&self, connect_timeout: Duration, http1_only: bool) -> Result<reqwest::Client> {
-        let key = (connect_timeout.as_millis() as u64, http1_only);
+    fn client_for(&self, key: ClientKey) -> Result<reqwest::Client> {
+        let (connect_ms, http1_only, decode) = key;
+        let connect_timeout = Duration::from_millis(connect_ms);
         let mut clients = self
             .clients
             .lock()
@@ -47,6 +60,7 @@ impl Upstream {
             builder = builder.http1_only();
         }
         let client = builder
+            .gzip(decode)
             .connect_timeout(connect_timeout)
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)

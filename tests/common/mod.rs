@@ -245,7 +245,9 @@ pub async fn proxy_and_mock(opts: ProxyOptions) -> (Proxy, MockHandle) {
 /// A plain HTTP client for tests.
 pub fn client() -> reqwest::Client {
     ctxproxy::install_crypto_provider();
-    reqwest::Client::builder().build().unwrap()
+    // As a plain client: no `Accept-Encoding` it did not choose (reqwest's gzip feature is on
+    // for the proxy's own reading client).
+    reqwest::Client::builder().gzip(false).build().unwrap()
 }
 
 /// The `data:` payloads of an SSE body, in order.

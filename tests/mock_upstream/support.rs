@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 pub fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
+    reqwest::Client::builder().gzip(false).build().unwrap()
 }
 
 /// A fresh mock (ids start at 1) and one client for the test; building a client is slow in
