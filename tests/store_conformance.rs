@@ -105,6 +105,7 @@ conformance!(
     leases::session_lease_is_exclusive_and_expired_one_is_taken_over,
     leases::session_lease_serialises_turns_across_two_stores,
     leases::a_busy_process_does_not_starve_another_s_waiter,
+    leases::a_dropped_waiter_withdraws_its_claim,
     leases::lost_database_is_store_unavailable,
     turns::a_turn_stores_request_reply_record_and_response_id,
     turns::a_turn_waits_for_the_lease_before_appending,

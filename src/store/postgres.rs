@@ -29,6 +29,43 @@ pub struct PostgresStore {
     wakeups: Wakeups,
 }
 
+/// Withdraws a waiter's claim on a session's next turn when dropped, unless `claimant` was
+/// taken (the lease was: that cleared it). The statement runs on a task of its own: a drop
+/// cannot wait for it.
+struct WithdrawClaim {
+    pool: PgPool,
+    tenant: String,
+    session: String,
+    claimant: Option<String>,
+}
+
+impl Drop for WithdrawClaim {
+    fn drop(&mut self) {
+        let Some(claimant) = self.claimant.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, tenant, session) = (
+            self.pool.clone(),
+            std::mem::take(&mut self.tenant),
+            std::mem::take(&mut self.session),
+        );
+        runtime.spawn(async move {
+            let _ = sqlx::query(
+                "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
+                 lock_claim_until = NULL WHERE tenant = $1 AND id = $2 AND lock_claim = $3",
+            )
+            .bind(tenant)
+            .bind(session)
+            .bind(claimant)
+            .execute(&pool)
+            .await;
+        });
+    }
+}
+
 #[derive(Clone, Copy)]
 enum LeaseKind {
     Session,
@@ -329,6 +366,14 @@ impl Store for PostgresStore {
         }
         // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
         let claim = Claim::new();
+        // Until the lease is taken, a waiter that gives up or is dropped (its client left)
+        // withdraws its claim: the next turn is not its to hold up.
+        let mut withdraw = WithdrawClaim {
+            pool: self.pool.clone(),
+            tenant: tenant.to_string(),
+            session: session.to_string(),
+            claimant: Some(claim.claimant.clone()),
+        };
         let acquired = lease::acquire(&self.wakeups, tenant, session, wait, || async {
             match self
                 .try_lease(LeaseKind::Session, tenant, session, ttl, &claim)
@@ -341,17 +386,9 @@ impl Store for PostgresStore {
             }
         })
         .await;
-        if acquired.is_err() {
-            // Given up: the next turn is not this waiter's to hold up.
-            let _ = sqlx::query(
-                "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
-                 lock_claim_until = NULL WHERE tenant = $1 AND id = $2 AND lock_claim = $3",
-            )
-            .bind(tenant)
-            .bind(session)
-            .bind(&claim.claimant)
-            .execute(&self.pool)
-            .await;
+        if acquired.is_ok() {
+            // Taking the lease cleared the claim.
+            withdraw.claimant = None;
         }
         acquired
     }

@@ -124,6 +124,35 @@ impl SqliteStore {
     }
 }
 
+/// Withdraws a waiter's claim on a session's next turn when dropped, unless `claimant` was
+/// taken (the lease was: that cleared it).
+struct WithdrawClaim<'a> {
+    threads: &'a Threads,
+    tenant: String,
+    session: String,
+    claimant: Option<String>,
+}
+
+impl Drop for WithdrawClaim<'_> {
+    fn drop(&mut self) {
+        let Some(claimant) = self.claimant.take() else {
+            return;
+        };
+        let (tenant, session) = (
+            std::mem::take(&mut self.tenant),
+            std::mem::take(&mut self.session),
+        );
+        self.threads.write_detached(move |conn| {
+            conn.prepare_cached(
+                "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
+                 lock_claim_until = NULL WHERE tenant = ? AND id = ? AND lock_claim = ?",
+            )?
+            .execute(params![tenant, session, claimant])?;
+            Ok(())
+        });
+    }
+}
+
 #[derive(Clone, Copy)]
 enum LeaseKind {
     Session,
@@ -397,6 +426,14 @@ impl Store for SqliteStore {
         let (t, s) = owned(tenant, session);
         let claim = Claim::new();
         let first_claim = claim.clone();
+        // Until the lease is taken, a waiter that gives up or is dropped (its client left)
+        // withdraws its claim: the next turn is not its to hold up.
+        let mut withdraw = WithdrawClaim {
+            threads: &self.threads,
+            tenant: tenant.to_string(),
+            session: session.to_string(),
+            claimant: Some(claim.claimant.clone()),
+        };
         let first = self
             .threads
             .write(move |conn| {
@@ -417,6 +454,7 @@ impl Store for SqliteStore {
             })
             .await?;
         if let Some(lease) = first {
+            withdraw.claimant = None;
             return Ok(lease);
         }
         // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
@@ -432,20 +470,9 @@ impl Store for SqliteStore {
             }
         })
         .await;
-        if acquired.is_err() {
-            // Given up: the next turn is not this waiter's to hold up.
-            let (t, s) = owned(tenant, session);
-            let _ = self
-                .threads
-                .write(move |conn| {
-                    conn.prepare_cached(
-                        "UPDATE sessions SET lock_claim = NULL, lock_claim_since = NULL, \
-                         lock_claim_until = NULL WHERE tenant = ? AND id = ? AND lock_claim = ?",
-                    )?
-                    .execute(params![t, s, claim.claimant])?;
-                    Ok(())
-                })
-                .await;
+        if acquired.is_ok() {
+            // Taking the lease cleared the claim.
+            withdraw.claimant = None;
         }
         acquired
     }

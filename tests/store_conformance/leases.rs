@@ -227,6 +227,31 @@ pub async fn a_busy_process_does_not_starve_another_s_waiter(fx: &Fixture) {
     busy.close().await;
 }
 
+/// A waiter dropped while it waits (its client left) withdraws its claim on the next turn, so
+/// the next waiter does not sit out the claim's lapse behind nobody.
+pub async fn a_dropped_waiter_withdraws_its_claim(fx: &Fixture) {
+    let s = fx.store.clone();
+    s.get_or_create_session("t", "dropped", &scope())
+        .await
+        .unwrap();
+    let held = s.lock_session("t", "dropped", LONG, LONG).await.unwrap();
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move { s.lock_session("t", "dropped", LONG, LONG).await })
+    };
+    // Long enough for it to fail an attempt and claim the next turn.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.abort();
+    let _ = waiter.await;
+    s.unlock_session(&held).await.unwrap();
+    // Well within the 0.6 s a claim lasts unrenewed.
+    let next = s
+        .lock_session("t", "dropped", LONG, Duration::from_millis(450))
+        .await
+        .expect("no claim left to wait behind");
+    s.unlock_session(&next).await.unwrap();
+}
+
 pub async fn lost_database_is_store_unavailable(fx: &Fixture) {
     let s = fx.store.as_ref();
     s.get_or_create_session("t", "s", &scope()).await.unwrap();

@@ -199,6 +199,24 @@ impl Threads {
         self.submit(false, work).await
     }
 
+    /// Queues `work` as a write whose outcome nobody waits for (a clean-up from a `Drop`, which
+    /// cannot await); a closed store drops it.
+    pub(super) fn write_detached<F>(&self, work: F)
+    where
+        F: FnOnce(&Connection) -> Result<()> + Send + 'static,
+    {
+        let job = Box::new(Pending {
+            urgent: true,
+            work: Some(work),
+            result: None,
+            reply: oneshot::channel().0,
+        });
+        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(queues) = queues.as_ref() {
+            let _ = queues.write.send(job);
+        }
+    }
+
     /// Commits deferred writes now (someone started waiting for one).
     pub(super) fn hurry(&self) {
         let nothing = Box::new(Pending {
