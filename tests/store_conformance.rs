@@ -109,6 +109,7 @@ conformance!(
     leases::lost_database_is_store_unavailable,
     turns::a_turn_stores_request_reply_record_and_response_id,
     turns::a_turn_waits_for_the_lease_before_appending,
+    turns::a_waiting_turn_is_not_held_up_by_its_own_first_try,
     turns::a_failed_open_holds_nothing,
     turns::a_failing_reply_still_leaves_the_record_and_frees_the_lease,
     turns::a_close_nothing_of_which_was_stored_is_handed_back,

@@ -107,7 +107,7 @@ impl PostgresStore {
         tenant: &str,
         session: &str,
         ttl: Duration,
-        claim: &Claim,
+        claim: Option<&Claim>,
     ) -> Result<Option<Lease>> {
         let mut conn = self.pool.acquire().await?;
         take_lease(&mut conn, kind, tenant, session, ttl, claim).await
@@ -171,15 +171,15 @@ impl PostgresStore {
 /// One attempt at a lease: a single conditional UPDATE. Under READ COMMITTED a concurrent
 /// winner makes PostgreSQL re-check the WHERE clause on the new row version, so at most one of
 /// them matches. `claim`: the waiter asking; a session lease is not taken while another
-/// waiter's claim on the next turn stands, and a failed attempt claims it (unless an earlier
-/// waiter holds it).
+/// waiter's claim on the next turn stands, and a waiter's failed attempt claims it (unless an
+/// earlier waiter holds it). Without one (a summary lease) nothing is claimed.
 async fn take_lease(
     conn: &mut PgConnection,
     kind: LeaseKind,
     tenant: &str,
     session: &str,
     ttl: Duration,
-    claim: &Claim,
+    claim: Option<&Claim>,
 ) -> Result<Option<Lease>> {
     let now = Timestamp::now();
     let lease = Lease {
@@ -207,13 +207,13 @@ async fn take_lease(
         .bind(session)
         .bind(now.millis());
     if matches!(kind, LeaseKind::Session) {
-        query = query.bind(&claim.claimant);
+        query = query.bind(claim.map(|c| c.claimant.as_str()));
     }
     let done = query.execute(&mut *conn).await?;
     if done.rows_affected() == 1 {
         return Ok(Some(lease));
     }
-    if matches!(kind, LeaseKind::Session) {
+    if let (LeaseKind::Session, Some(claim)) = (kind, claim) {
         claim_next_turn(conn, tenant, session, claim, now).await?;
     }
     Ok(None)
@@ -376,7 +376,7 @@ impl Store for PostgresStore {
         };
         let acquired = lease::acquire(&self.wakeups, tenant, session, wait, || async {
             match self
-                .try_lease(LeaseKind::Session, tenant, session, ttl, &claim)
+                .try_lease(LeaseKind::Session, tenant, session, ttl, Some(&claim))
                 .await?
             {
                 None if self.get_session(tenant, session).await?.is_none() => {
@@ -524,7 +524,7 @@ impl Store for PostgresStore {
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        self.try_lease(LeaseKind::Summary, tenant, session, ttl, &Claim::new())
+        self.try_lease(LeaseKind::Summary, tenant, session, ttl, None)
             .await
     }
 

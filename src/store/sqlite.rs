@@ -107,12 +107,14 @@ impl SqliteStore {
         tenant: &str,
         session: &str,
         ttl: Duration,
-        claim: &Claim,
+        claim: Option<&Claim>,
     ) -> Result<Option<Lease>> {
         let (tenant, session) = (tenant.to_string(), session.to_string());
-        let claim = claim.clone();
+        let claim = claim.cloned();
         self.threads
-            .write(move |conn| Ok(take_lease(conn, kind, tenant, session, ttl, &claim)?.ok()))
+            .write(move |conn| {
+                Ok(take_lease(conn, kind, tenant, session, ttl, claim.as_ref())?.ok())
+            })
             .await
     }
 
@@ -193,15 +195,17 @@ fn holds_session_lease(conn: &Connection, lease: &Lease) -> Result<bool> {
 
 /// One attempt at a lease: the conditional UPDATE. `Err(())` inside: someone else holds it.
 /// `claim`: the waiter asking. A session lease is not taken while another waiter's claim on
-/// the next turn stands, and an attempt that fails claims it (unless an earlier waiter holds
-/// it), so that another process's waiters are not starved by this one's (see `store/lease.rs`).
+/// the next turn stands, and a waiter's attempt that fails claims it (unless an earlier waiter
+/// holds it), so that another process's waiters are not starved by this one's (see
+/// `store/lease.rs`). Without one (a first try before any wait, a summary lease) nothing is
+/// claimed.
 fn take_lease(
     conn: &Connection,
     kind: LeaseKind,
     tenant: String,
     session: String,
     ttl: Duration,
-    claim: &Claim,
+    claim: Option<&Claim>,
 ) -> Result<Result<Lease, ()>> {
     let now = Timestamp::now();
     let lease = Lease {
@@ -224,7 +228,7 @@ fn take_lease(
                 lease.tenant,
                 lease.session,
                 now.millis(),
-                claim.claimant
+                claim.map(|c| c.claimant.as_str())
             ])?,
         LeaseKind::Summary => conn
             .prepare_cached(
@@ -242,7 +246,7 @@ fn take_lease(
     if changed == 1 {
         return Ok(Ok(lease));
     }
-    if matches!(kind, LeaseKind::Session) {
+    if let (LeaseKind::Session, Some(claim)) = (kind, claim) {
         conn.prepare_cached(
             "UPDATE sessions SET lock_claim = ?1, lock_claim_since = ?2, lock_claim_until = ?3 \
              WHERE tenant = ?4 AND id = ?6 AND (lock_claim IS NULL OR lock_claim = ?1 \
@@ -438,7 +442,7 @@ impl Store for SqliteStore {
             .threads
             .write(move |conn| {
                 let (t2, s2) = (t.clone(), s.clone());
-                match take_lease(conn, LeaseKind::Session, t, s, ttl, &first_claim)? {
+                match take_lease(conn, LeaseKind::Session, t, s, ttl, Some(&first_claim))? {
                     Ok(lease) => Ok(Some(lease)),
                     Err(()) => {
                         let exists: Option<i64> = conn
@@ -460,7 +464,7 @@ impl Store for SqliteStore {
         // A session deleted while this waits is `NotFound` too, not a wait to the deadline.
         let acquired = lease::acquire(&self.wakeups, tenant, session, wait, || async {
             match self
-                .try_lease(LeaseKind::Session, tenant, session, ttl, &claim)
+                .try_lease(LeaseKind::Session, tenant, session, ttl, Some(&claim))
                 .await?
             {
                 None if self.get_session(tenant, session).await?.is_none() => {
@@ -637,7 +641,7 @@ impl Store for SqliteStore {
         session: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>> {
-        self.try_lease(LeaseKind::Summary, tenant, session, ttl, &Claim::new())
+        self.try_lease(LeaseKind::Summary, tenant, session, ttl, None)
             .await
     }
 

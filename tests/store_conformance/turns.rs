@@ -144,6 +144,32 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
     s.unlock_session(&opened.lease).await.unwrap();
 }
 
+/// A turn that finds the lease taken waits for it with one claim on the next turn: its first
+/// try leaves none of its own behind to hold it up once the lease is free (a claim lasts 0.6 s
+/// unrenewed, longer than this turn may wait).
+pub async fn a_waiting_turn_is_not_held_up_by_its_own_first_try(fx: &Fixture) {
+    let s = fx.store.clone();
+    s.get_or_create_session("t", "first-try", &Scope::default())
+        .await
+        .unwrap();
+    let held = s.lock_session("t", "first-try", LONG, LONG).await.unwrap();
+    let waiter = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let append = chain(None, &[msg("user", "queued")], Origin::Client);
+            s.open_turn(open("first-try", Some(append), Duration::from_millis(450)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.unlock_session(&held).await.unwrap();
+    let opened = waiter
+        .await
+        .unwrap()
+        .expect("the turn got the lease once it was free");
+    s.unlock_session(&opened.lease).await.unwrap();
+}
+
 pub async fn a_turn_waits_for_the_lease_before_appending(fx: &Fixture) {
     let s = fx.store.clone();
     s.get_or_create_session("t", "busy", &Scope::default())

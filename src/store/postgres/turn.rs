@@ -19,9 +19,7 @@ impl PostgresStore {
     pub(super) async fn open_turn_tx(&self, open: TurnOpen) -> Result<TurnOpened> {
         let (tenant, session) = (open.tenant.as_str(), open.session.as_str());
         let mut tx = self.pool.begin().await?;
-        if let Some(lease) =
-            create_and_lease(&mut tx, &open, &super::super::lease::Claim::new().claimant).await?
-        {
+        if let Some(lease) = create_and_lease(&mut tx, &open).await? {
             // A failing append rolls the lease back with it (the transaction is dropped).
             let appended = match &open.append {
                 None => Vec::new(),
@@ -94,12 +92,9 @@ impl PostgresStore {
 /// Creates the session with its lease taken, or takes the lease of the existing session if it
 /// is free: one statement (an upsert whose update only happens on a free lease) instead of an
 /// insert and an update, so one round trip and one row version fewer. `None`: someone else
-/// holds the lease.
-async fn create_and_lease(
-    conn: &mut PgConnection,
-    open: &TurnOpen,
-    claimant: &str,
-) -> Result<Option<Lease>> {
+/// holds the lease, or a waiter's claim on the next turn stands (this first try claims
+/// nothing: the wait that follows does, see `store/lease.rs`).
+async fn create_and_lease(conn: &mut PgConnection, open: &TurnOpen) -> Result<Option<Lease>> {
     let now = Timestamp::now();
     let lease = Lease {
         tenant: open.tenant.clone(),
@@ -114,8 +109,7 @@ async fn create_and_lease(
          lock_until = EXCLUDED.lock_until, lock_claim = NULL, lock_claim_since = NULL, \
          lock_claim_until = NULL \
          WHERE (sessions.lock_owner IS NULL OR sessions.lock_until <= $5) \
-         AND (sessions.lock_claim IS NULL OR sessions.lock_claim = $8 \
-         OR sessions.lock_claim_until <= $5)",
+         AND (sessions.lock_claim IS NULL OR sessions.lock_claim_until <= $5)",
     )
     .bind(&lease.tenant)
     .bind(&lease.session)
@@ -124,7 +118,6 @@ async fn create_and_lease(
     .bind(now.millis())
     .bind(&lease.owner)
     .bind(lease.until.millis())
-    .bind(claimant)
     .execute(&mut *conn)
     .await?;
     Ok((done.rows_affected() == 1).then_some(lease))

@@ -28,14 +28,12 @@ enum FirstTry {
 
 impl SqliteStore {
     pub(super) async fn open_turn_job(&self, open: TurnOpen) -> Result<TurnOpened> {
-        let claim = super::super::lease::Claim::new();
         let first = self
             .threads
             .write(move |conn| {
                 create_session(conn, &open.tenant, &open.session, &open.scope)?;
                 let (tenant, session) = (open.tenant.clone(), open.session.clone());
-                let taken =
-                    take_lease(conn, LeaseKind::Session, tenant, session, open.ttl, &claim)?;
+                let taken = take_lease(conn, LeaseKind::Session, tenant, session, open.ttl, None)?;
                 let lease = match taken {
                     Ok(lease) => lease,
                     Err(()) => return Ok(FirstTry::Busy(open)),
