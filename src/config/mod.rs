@@ -398,16 +398,12 @@ impl Config {
         })
     }
 
-    /// The tenant for a bearer token: a listed key first, else the `keys: any` tenant.
-    pub fn select_tenant(&self, bearer: Option<&str>) -> Option<Selected> {
-        bearer
-            .and_then(|token| self.listed_tenant(token))
-            .or_else(|| {
-                self.any_tenant.map(|idx| Selected {
-                    tenant: self.tenants[idx].clone(),
-                    key_role: None,
-                })
-            })
+    /// The `keys: any` tenant, which takes a request no listed key selects.
+    pub fn keys_any_tenant(&self) -> Option<Selected> {
+        self.any_tenant.map(|idx| Selected {
+            tenant: self.tenants[idx].clone(),
+            key_role: None,
+        })
     }
 
     /// The tenant that lists `key` among its keys, with the key's role.

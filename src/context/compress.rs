@@ -654,7 +654,7 @@ mod tests {
         else {
             return None;
         };
-        for key in give_up_order(&map.clone(), original) {
+        for key in give_up_order(&map, original) {
             map.shift_remove(&key);
             let text = python_dumps(&mark(Value::Object(map.clone())));
             if fits(Encoding::O200kBase, &text, max_tokens) {

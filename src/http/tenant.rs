@@ -14,7 +14,7 @@ use crate::upstream::headers::{UpstreamAuth, client_credentials};
 pub fn select(config: &Config, headers: &HeaderMap) -> Result<Selected> {
     client_credentials(headers)
         .find_map(|key| config.listed_tenant(key))
-        .or_else(|| config.select_tenant(None))
+        .or_else(|| config.keys_any_tenant())
         .ok_or(Error::InvalidApiKey)
 }
 

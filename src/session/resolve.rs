@@ -42,7 +42,7 @@ pub struct Hints<'a> {
     /// Already looked up: the session and head of a known `previous_response_id`.
     pub previous_response: Option<(String, MessageId)>,
     pub scope: &'a Scope,
-    /// The chained ids of the incoming conversation (for auto matching); empty to skip it.
+    /// The chained ids of the incoming conversation (for auto matching).
     pub ids: &'a [MessageId],
     /// How many of `ids` auto matching looks up: through the last reply
     /// ([`through_last_reply`]); none skips it.

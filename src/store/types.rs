@@ -153,13 +153,13 @@ pub(crate) struct Candidate {
 /// The session to continue among `candidates` (longest match first, then most recently
 /// updated): of those with the longest match, the first whose head is one of the incoming
 /// `ids` (the conversation continues it, or retries its unanswered turn), else the first.
-pub(crate) fn pick_candidate(candidates: Vec<Candidate>, ids: &[MessageId]) -> Option<PrefixMatch> {
+pub(crate) fn pick_candidate(candidates: &[Candidate], ids: &[MessageId]) -> Option<PrefixMatch> {
     let longest = candidates.first()?.matched;
-    let tied = candidates.iter().take_while(|c| c.matched == longest);
-    let continued = tied
-        .clone()
-        .find(|c| c.head.is_some_and(|h| ids.contains(&h)));
-    let chosen = continued.or_else(|| candidates.first())?;
+    let chosen = candidates
+        .iter()
+        .take_while(|c| c.matched == longest)
+        .find(|c| c.head.is_some_and(|h| ids.contains(&h)))
+        .or_else(|| candidates.first())?;
     Some(PrefixMatch {
         session_id: chosen.session_id.clone(),
         matched_len: (chosen.matched + 1) as usize,

@@ -59,7 +59,12 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
     let mut out = HeaderMap::with_capacity(client.len());
     let listed = connection_listed(client);
     let replaced = matches!(auth, UpstreamAuth::Replace(_));
-    let client_keys: Vec<&[u8]> = client_credentials(client).map(str::as_bytes).collect();
+    // Only a keyed tenant's client keys are kept from going on (`keys: any` forwards them).
+    let client_keys: Vec<&[u8]> = if replaced {
+        client_credentials(client).map(str::as_bytes).collect()
+    } else {
+        Vec::new()
+    };
     for (name, value) in client {
         if is_hop_by_hop(name)
             || listed.contains(name)
@@ -91,7 +96,7 @@ pub fn to_upstream(client: &HeaderMap, auth: &UpstreamAuth, managed: bool) -> He
         if replaced && KEY_HEADERS.contains(&name.as_str()) {
             continue;
         }
-        if replaced && !client_keys.is_empty() {
+        if !client_keys.is_empty() {
             if name == header::SEC_WEBSOCKET_PROTOCOL {
                 if let Some(kept) = without_key_items(value, &client_keys) {
                     out.append(name.clone(), kept);

@@ -115,9 +115,10 @@ struct ChoiceDeltas {
     refusal: Option<String>,
     tool_calls: BTreeMap<u64, ToolCallDeltas>,
     finish_reason: Option<Value>,
-    /// The choice's `logprobs`, each list (`content`, `refusal`) joined chunk after chunk as a
-    /// non-streamed answer holds it whole.
-    logprobs: Option<Map<String, Value>>,
+    /// The choice's `logprobs`, under that one key, merged chunk after chunk as the deltas are
+    /// (see [`merge_delta`]: each list, `content` and `refusal`, joined), as a non-streamed
+    /// answer holds them whole.
+    logprobs: Map<String, Value>,
     /// The other delta fields (`reasoning_content`, streamed `annotations`, a legacy
     /// `function_call`, `audio`, …), merged as the SDK merges deltas (see [`merge_delta`]).
     extra: Map<String, Value>,
@@ -197,23 +198,6 @@ struct ToolCallDeltas {
 }
 
 impl ChoiceDeltas {
-    /// Adds a chunk's `logprobs`: its lists go on the end of the lists so far, anything else
-    /// replaces what was there.
-    fn join_logprobs(&mut self, chunk: &Map<String, Value>) {
-        let joined = self.logprobs.get_or_insert_with(Map::new);
-        for (key, value) in chunk {
-            match (joined.get_mut(key), value) {
-                (Some(Value::Array(so_far)), Value::Array(more)) => {
-                    so_far.extend(more.iter().cloned());
-                }
-                // A chunk without this list (`"refusal": null`) keeps what came before.
-                (Some(_), Value::Null) => {}
-                _ => {
-                    joined.insert(key.clone(), value.clone());
-                }
-            }
-        }
-    }
     /// Where a tool call delta without an `index` goes (Gemini's OpenAI endpoint sends none,
     /// parallel calls included): to the call with its `id`, or a new call when the id is new;
     /// a delta without an id continues the last call.
@@ -432,8 +416,8 @@ impl StreamAccumulator {
             {
                 acc.finish_reason = Some(fr.clone());
             }
-            if let Some(Value::Object(logprobs)) = choice.get("logprobs") {
-                acc.join_logprobs(logprobs);
+            if let Some(logprobs) = choice.get("logprobs").filter(|l| l.is_object()) {
+                merge_delta(&mut acc.logprobs, "logprobs", logprobs);
             }
             let Some(delta) = choice.get("delta") else {
                 continue;
@@ -472,7 +456,7 @@ impl StreamAccumulator {
     fn finish_chat(self) -> Reply {
         let mut choices = Vec::new();
         let mut first = None;
-        for (index, acc) in self.chat {
+        for (index, mut acc) in self.chat {
             let mut message = Map::new();
             message.insert(
                 "role".into(),
@@ -501,7 +485,7 @@ impl StreamAccumulator {
             choices.push(json!({
                 "index": index,
                 "message": message,
-                "logprobs": acc.logprobs.map_or(Value::Null, Value::Object),
+                "logprobs": acc.logprobs.remove("logprobs").unwrap_or(Value::Null),
                 "finish_reason": acc.finish_reason.unwrap_or(Value::Null),
             }));
         }

@@ -353,5 +353,5 @@ pub(super) async fn find_by_prefix(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(pick_candidate(candidates, ids))
+    Ok(pick_candidate(&candidates, ids))
 }

@@ -301,7 +301,7 @@ pub(super) fn find_by_prefix(
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
-        if let Some(found) = pick_candidate(candidates, ids) {
+        if let Some(found) = pick_candidate(&candidates, ids) {
             return Ok(Some(found));
         }
     }
