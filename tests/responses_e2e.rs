@@ -942,3 +942,115 @@ async fn a_reply_of_reasoning_alone_is_not_sent_on_later_turns() {
         "{sent}"
     );
 }
+
+/// The Responses audit's cases (SPEC 7, 5 step 7): a request in an upstream `conversation`
+/// continues history the proxy never saw, as an unknown `previous_response_id` does. A tool
+/// loop sends only the new `function_call_output`: it goes as received, not dropped as an
+/// orphan (OpenAI would answer "No tool output found"); and server mode does not prepend the
+/// stored head, whose items the conversation already holds (OpenAI refuses duplicates).
+#[tokio::test]
+async fn an_upstream_conversation_goes_with_its_items_as_received() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    for conversation in [json!("conv_68ab"), json!({"id": "conv_68ab"})] {
+        let input = json!([{"type": "function_call_output", "call_id": "call_up", "output": "42"}]);
+        let body = json!({"model": "m", "conversation": conversation, "input": input});
+        let (status, previewed) = preview(&proxy, "sk-test", &body).await;
+        assert_eq!(status, 200, "{previewed}");
+        assert_eq!(previewed["input"], input);
+        assert_eq!(previewed["report"]["repaired"], json!([]));
+        let before = mock.requests().len();
+        respond(&proxy, &body).await;
+        let sent = mock.requests()[before].body_json().unwrap();
+        assert_eq!(sent["input"], input, "{sent}");
+        assert_eq!(sent["conversation"], conversation);
+    }
+
+    // Server mode, both turns in one conversation: the second sends its own item only.
+    let server = |text: &str| {
+        client()
+            .post(format!("{}/responses", proxy.base_url()))
+            .header("x-ctxproxy-history", "server")
+            .header("x-session-id", "conv-session")
+            .json(&json!({"model": "m", "conversation": "conv_abc", "input": text}))
+            .send()
+    };
+    assert_eq!(server("first").await.unwrap().status(), 200);
+    let before = mock.requests().len();
+    assert_eq!(server("second").await.unwrap().status(), 200);
+    let sent = mock.requests()[before].body_json().unwrap();
+    assert_eq!(
+        sent["input"],
+        json!([{"role": "user", "content": "second"}]),
+        "{sent}"
+    );
+    // Stored as received, as an unknown `previous_response_id`'s turn is (README), with its
+    // reply.
+    let kept = stored(&proxy, "conv-session").await;
+    assert_eq!(kept.len(), 2);
+    assert_eq!(kept[0], json!({"role": "user", "content": "second"}));
+}
+
+/// The Responses audit's cases (SPEC 7): a client that sends stored items by reference (the
+/// Vercel AI SDK with `store: true`). An output after an `item_reference` whose call the proxy
+/// cannot see is sent, not repaired away as an orphan; a reference to a reasoning item goes
+/// with the call it leads when a step removes that call.
+#[tokio::test]
+async fn items_sent_by_reference_keep_their_outputs_and_reasoning_goes_with_its_call() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  tool_filter: {exclude: [debug_tool]}\n";
+    let (proxy, _mock) =
+        proxy_and_mock(ProxyOptions::default().only_tenant("default", tenant)).await;
+    let by_reference = json!([
+        {"role": "user", "content": "run grammar tool"},
+        {"type": "item_reference", "id": "ctc_68a1"},
+        {"type": "custom_tool_call_output", "call_id": "call_Xyz", "output": "tool result 42"},
+        {"type": "item_reference", "id": "fc_68a2"},
+        {"type": "function_call_output", "call_id": "call_Abc", "output": "7"},
+    ]);
+    let body = json!({"model": "gpt-5", "input": by_reference, "tools": [{"type": "custom", "name": "grammar"}]});
+    let (status, previewed) = preview(&proxy, "sk-test", &body).await;
+    assert_eq!(status, 200, "{previewed}");
+    assert_eq!(previewed["input"], by_reference);
+    assert_eq!(previewed["report"]["repaired"], json!([]));
+
+    // An output with no call at all, and no reference it could be, is still an orphan.
+    let orphan = json!([
+        {"role": "user", "content": "q"},
+        {"type": "function_call_output", "call_id": "call_gone", "output": "x"},
+        {"type": "item_reference", "id": "msg_1"},
+    ]);
+    let (_, previewed) = preview(&proxy, "sk-test", &json!({"model": "m", "input": orphan})).await;
+    assert_eq!(
+        previewed["report"]["repaired"],
+        json!([{"index": 1, "kind": "orphan_result"}])
+    );
+
+    let reasoning_by_reference = json!([
+        {"role": "user", "content": "q1"},
+        {"type": "item_reference", "id": "rs_abc"},
+        {"type": "function_call", "id": "fc_1", "call_id": "d1", "name": "debug_tool", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "d1", "output": "dbg"},
+        {"type": "item_reference", "id": "msg_abc"},
+        {"role": "user", "content": "q2"},
+    ]);
+    let (status, previewed) = preview(
+        &proxy,
+        "sk-test",
+        &json!({"model": "m", "input": reasoning_by_reference}),
+    )
+    .await;
+    assert_eq!(status, 200, "{previewed}");
+    let items = reasoning_by_reference.as_array().unwrap();
+    assert_eq!(
+        previewed["input"],
+        json!([items[0], items[4], items[5]]),
+        "the reasoning reference went with its call"
+    );
+    assert_eq!(
+        previewed["report"]["removed"],
+        json!([
+            {"index": 1, "role": "assistant", "reason": "tool_filter"},
+            {"index": 2, "role": "assistant", "reason": "tool_filter"},
+            {"index": 3, "role": "tool", "reason": "tool_filter"},
+        ])
+    );
+}

@@ -44,6 +44,12 @@ impl ResponsesRequest {
                 .any(|k| self.extra.get(*k).is_some_and(|v| !v.is_null()))
     }
 
+    /// Whether the request continues a conversation the upstream keeps (`conversation`, an id
+    /// or an object): the history is the upstream's, which the proxy never sees.
+    pub fn in_upstream_conversation(&self) -> bool {
+        self.extra.get("conversation").is_some_and(|v| !v.is_null())
+    }
+
     /// `metadata.session_id`, when the client names its session in the body.
     pub fn metadata_session_id(&self) -> Option<&str> {
         self.metadata.as_ref()?.get("session_id")?.as_str()

@@ -85,6 +85,16 @@ impl Call {
         }
     }
 
+    /// Whether the upstream holds history the proxy never saw: a `previous_response_id` it
+    /// does not know (or the upstream-held root of a stored chain, once resolved), or an
+    /// upstream `conversation`. Never for chat.
+    pub fn upstream_holds_history(&self) -> bool {
+        match self {
+            Call::Chat(_) => false,
+            Call::Responses(r) => r.previous_response_id.is_some() || r.in_upstream_conversation(),
+        }
+    }
+
     /// Once the proxy resolved the id itself, the upstream's own state is not used: the id is
     /// replaced by the root of the stored chain, a response only the upstream holds, if it has
     /// one (SPEC 7), else dropped.

@@ -310,15 +310,18 @@ pub(crate) fn check_not_empty(
     Ok(())
 }
 
-/// A `previous_response_id` the proxy does not know (or one of another session) names history
-/// only the upstream holds: the request goes with its items as received, as in client mode.
-/// Prepending the stored head as well (server mode) would send two histories, mixed.
-pub(crate) fn mode_for_unknown_previous(
+/// A `previous_response_id` the proxy does not know (or one of another session), or an upstream
+/// `conversation`, names history only the upstream holds: the request goes with its items as
+/// received, as in client mode. Prepending the stored head as well (server mode) would send two
+/// histories, mixed (and OpenAI refuses items its conversation already holds).
+pub(crate) fn mode_for_upstream_history(
     mode: HistoryMode,
-    previous_response_id: Option<&str>,
+    call: &Call,
     anchor: Option<MessageId>,
 ) -> HistoryMode {
-    if previous_response_id.is_some() && anchor.is_none() {
+    let unknown_previous = call.previous_response_id().is_some() && anchor.is_none();
+    let in_conversation = matches!(call, Call::Responses(r) if r.in_upstream_conversation());
+    if unknown_previous || in_conversation {
         HistoryMode::Client
     } else {
         mode
@@ -568,7 +571,7 @@ async fn prepare(
         ids: (!auto_ids.is_empty()).then_some(auto_ids),
         stored_prefix: resolved.stored_prefix,
     };
-    let mode = mode_for_unknown_previous(mode, call.previous_response_id(), resolved.anchor);
+    let mode = mode_for_upstream_history(mode, &call, resolved.anchor);
     let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
     let t = Instant::now();
     let (opening, assembled) = match base {

@@ -14,7 +14,7 @@ use super::body::read_limited;
 use super::call::{Call, Taken};
 use super::managed::{
     Endpoint, check_not_empty, check_something_to_send, continue_upstream_root, history_mode,
-    mode_for_unknown_previous,
+    mode_for_upstream_history,
 };
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
@@ -93,11 +93,7 @@ async fn preview(
     if let Some(id) = &session_id {
         state.pending.settle_session(&tenant.name, id).await;
     }
-    let mode = mode_for_unknown_previous(
-        mode,
-        call.previous_response_id(),
-        previous.as_ref().map(|p| p.message),
-    );
+    let mode = mode_for_upstream_history(mode, &call, previous.as_ref().map(|p| p.message));
     let known = match &session_id {
         Some(id) => state.store.get_session(&tenant.name, id).await?.is_some(),
         None => false,

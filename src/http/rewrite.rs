@@ -206,11 +206,11 @@ pub async fn rewrite(
             let conv = responses_items::ItemMessages::new(call.instructions(), &wire);
             check_current_turn(&conv.messages, allowed)?;
             let item_ids = conv.ids(ids);
-            let upstream_holds_history = call.previous_response_id().is_some();
+            let upstream_holds_history = call.upstream_holds_history();
             let scrub = tool_access.as_ref().filter(|a| a.scrub_history);
             if upstream_holds_history && scrub.is_none() {
-                // An id the proxy does not know, or the upstream-held root of a stored chain:
-                // the upstream holds history the proxy never saw, so a rewrite would be blind
+                // An id the proxy does not know, the upstream-held root of a stored chain, or an
+                // upstream `conversation`: the upstream holds history the proxy never saw, so a rewrite would be blind
                 // (repair would drop the results of calls only the upstream knows). The items
                 // go as received or stored; only the tokens are reported.
                 let tokens = |tools| {

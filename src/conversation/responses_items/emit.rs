@@ -44,6 +44,12 @@ fn from_originals(m: &Message, items: &[Value], out: &mut Vec<Value>) {
         None => return,
     };
     out.extend(leads.iter().cloned());
+    // An opaque message (an item the pipeline does not model, or an output it could not pair;
+    // see `kinds_in_place`) is never changed: its content is only what it costs.
+    if matches!(m.role, Role::Other(_)) {
+        out.push(main.clone());
+        return;
+    }
     let field = match kind(main) {
         Kind::Output => "output",
         Kind::Message => "content",

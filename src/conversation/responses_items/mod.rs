@@ -75,8 +75,54 @@ pub(crate) fn kind(item: &Value) -> Kind {
         Some("function_call" | "custom_tool_call") if has("call_id") => Kind::Call,
         Some("function_call_output" | "custom_tool_call_output") if has("call_id") => Kind::Output,
         Some("reasoning") => Kind::Reasoning,
+        // A reference to a stored reasoning item (OpenAI's reasoning ids begin `rs_`) is
+        // reasoning like the item itself: it leads the calls after it and goes with them.
+        _ if is_item_reference(item)
+            && item
+                .get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id.starts_with("rs_")) =>
+        {
+            Kind::Reasoning
+        }
         _ => Kind::Opaque,
     }
+}
+
+/// An `item_reference` (typed, or the short form: an `id` alone, with neither type nor role).
+fn is_item_reference(item: &Value) -> bool {
+    match item.get("type").and_then(Value::as_str) {
+        Some(t) => t == "item_reference",
+        None => item.get("role").is_none() && item.get("id").is_some_and(Value::is_string),
+    }
+}
+
+/// The kind of each of `items`, in its place. An output whose call is not among the items but
+/// may be an `item_reference` before it (a client that sends stored calls by reference, as the
+/// Vercel AI SDK does) is opaque: the proxy cannot see its call, so no step may take it for an
+/// orphan and drop it; the upstream, which holds the call, judges it.
+fn kinds_in_place(items: &[Value]) -> Vec<Kind> {
+    let mut kinds: Vec<Kind> = items.iter().map(kind).collect();
+    let Some(first_reference) = items
+        .iter()
+        .zip(&kinds)
+        .position(|(item, k)| *k == Kind::Opaque && is_item_reference(item))
+    else {
+        return kinds;
+    };
+    let called: std::collections::HashSet<&str> = items
+        .iter()
+        .zip(&kinds)
+        .filter(|(_, k)| **k == Kind::Call)
+        .filter_map(|(item, _)| item.get("call_id").and_then(Value::as_str))
+        .collect();
+    for (item, k) in items.iter().zip(kinds.iter_mut()).skip(first_reference) {
+        let call_id = item.get("call_id").and_then(Value::as_str);
+        if *k == Kind::Output && call_id.is_some_and(|c| !called.contains(c)) {
+            *k = Kind::Opaque;
+        }
+    }
+    kinds
 }
 
 /// A Responses conversation as pipeline messages.
@@ -101,7 +147,7 @@ impl ItemMessages {
             messages: Vec::with_capacity(items.len() + 1),
             item_index: Vec::with_capacity(items.len() + 1),
             ranges: Vec::with_capacity(items.len() + 1),
-            kinds: items.iter().map(kind).collect(),
+            kinds: kinds_in_place(items),
         };
         if let Some(text) = instructions.filter(|v| !v.is_null()) {
             let content = match text {
