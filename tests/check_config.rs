@@ -1020,3 +1020,42 @@ fn an_unreadable_required_key_does_not_hide_the_file_s_other_problems() {
     assert!(!out.contains("the list is empty"), "{out}");
     assert_eq!(out.matches("tenants/a.yaml: keys").count(), 1, "{out}");
 }
+
+/// The config audit's cases: a timeout no deadline can be computed from (it made requests
+/// waiting on a session panic), and a session header that carries credentials (the key would
+/// become a stored, listed and echoed session id) are problems.
+#[test]
+fn an_endless_timeout_or_a_credential_session_header_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[
+            (
+                "acme",
+                "keys: any\nupstream:\n  timeout_s: 18446744073709551615\n  connect_timeout_s: 31536001\n",
+            ),
+            ("beta", "session:\n  header: Authorization\nkeys: any\n"),
+            (
+                "gamma",
+                "keys:\n  - sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\nsession:\n  header: x-api-key\n",
+            ),
+        ],
+    );
+    append(&server, "server:\n  shutdown_grace_s: 99999999999\n");
+    let (code, out) = check(&server);
+    assert_eq!(code, 1, "{out}");
+    for line in [
+        "tenants/acme.yaml: upstream.timeout_s: must be at most 31536000 (a year)",
+        "tenants/acme.yaml: upstream.connect_timeout_s: must be at most 31536000 (a year)",
+        "tenants/beta.yaml: session.header: `Authorization` carries credentials; a session id is stored, listed and echoed back",
+        "tenants/gamma.yaml: session.header: `x-api-key` carries credentials; a session id is stored, listed and echoed back",
+    ] {
+        assert!(has_line(&out, line), "{line} missing from:\n{out}");
+    }
+    assert!(
+        out.lines().any(|l| l.ends_with(
+            "ctxproxy.yaml: server.shutdown_grace_s: must be at most 31536000 (a year)"
+        )),
+        "{out}"
+    );
+}

@@ -399,6 +399,70 @@ async fn tenant_files_reload_after_a_symlink_swap_and_a_recreated_folder() {
     );
 }
 
+/// The config audit's cases (SPEC 2 reload): a tenants folder deleted (the reload fails, the
+/// last good tenants stay) and made again empty is reloaded, to no tenants; and `tenants_dir`
+/// changed in the server file takes effect only after a restart, as README says, rather than
+/// switching to a folder nobody watches.
+#[tokio::test]
+async fn a_tenants_folder_made_again_empty_is_reloaded_and_a_new_tenants_dir_waits_for_restart() {
+    let opts = ProxyOptions::default().only_tenant("default", &window_tenant(3));
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    let tenants = proxy.dir.path().join("tenants");
+    assert_eq!(tool_results_sent(&proxy, &mock, "k").await, (200, 3));
+
+    // Another folder named in the server file: still the old one's tenants, and a later edit
+    // there is still seen.
+    let other = proxy.dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(
+        other.join("elsewhere.yaml"),
+        "keys: any\nupstream:\n  base_url: http://127.0.0.1:9/v1\n",
+    )
+    .unwrap();
+    let server_file = proxy.dir.path().join("ctxproxy.yaml");
+    let server = std::fs::read_to_string(&server_file).unwrap();
+    std::fs::write(
+        &server_file,
+        server.replace(
+            &format!("tenants_dir: {}", tenants.display()),
+            &format!("tenants_dir: {}", other.display()),
+        ),
+    )
+    .unwrap();
+    let tenant = |max| window_tenant(max).replace("{upstream}", &mock.base_url());
+    std::fs::write(tenants.join("default.yaml"), tenant(2)).unwrap();
+    assert!(
+        wait_until_sent(&proxy, &mock, "k", (200, 2)).await,
+        "the started-with folder is no longer read"
+    );
+
+    let errors_before = sample(
+        &scrape(&proxy).await,
+        "ctxproxy_config_reloads_total{outcome=\"error\"}",
+    )
+    .unwrap();
+    std::fs::remove_dir_all(&tenants).unwrap();
+    scrape_until(&proxy, |m| {
+        sample(m, "ctxproxy_config_reloads_total{outcome=\"error\"}").unwrap() > errors_before
+    })
+    .await;
+    assert_eq!(
+        tool_results_sent(&proxy, &mock, "k").await,
+        (200, 2),
+        "a missing folder keeps the last good tenants"
+    );
+    std::fs::create_dir(&tenants).unwrap();
+    let mut refused = false;
+    for _ in 0..100 {
+        if tool_results_sent(&proxy, &mock, "k").await.0 == 401 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused, "the folder made again empty was never read");
+}
+
 #[tokio::test]
 async fn no_key_or_authorization_value_appears_in_logs() {
     let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;

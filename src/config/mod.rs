@@ -228,6 +228,21 @@ impl Config {
         }
         let models = ModelTable::new(&server.models).unwrap_or_else(|_| ModelTable::built_in());
 
+        // The watcher watches the folder the process started with: a reload reads the tenants
+        // from there too, or a file removed from a new folder would stay served unseen.
+        if let Some(last) = last_good
+            && last.server.tenants_dir != server.tenants_dir
+        {
+            warnings.push(Problem {
+                file: file_label.clone(),
+                message: format!(
+                    "tenants_dir: changed to {}; it takes effect after a restart (tenants are still read from {})",
+                    server.tenants_dir.display(),
+                    last.server.tenants_dir.display()
+                ),
+            });
+            server.tenants_dir = last.server.tenants_dir.clone();
+        }
         let tenants_dir = server.tenants_dir.clone();
         let dir_label = tenants_dir
             .file_name()
@@ -506,6 +521,14 @@ fn build_tenant(
     if axum::http::HeaderName::from_bytes(file.session.header.as_bytes()).is_err() {
         problems.push(problem(format!(
             "session.header: `{}` is not a valid HTTP header name",
+            file.session.header
+        )));
+    }
+    // A credential as a session id would be stored, listed by the admin API and echoed in
+    // `x-ctxproxy-session`: secrets never appear there (SPEC 8).
+    if validate::is_credential_header(&file.session.header) {
+        problems.push(problem(format!(
+            "session.header: `{}` carries credentials; a session id is stored, listed and echoed back",
             file.session.header
         )));
     }

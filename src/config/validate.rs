@@ -76,7 +76,12 @@ pub fn policy_problems(policy: &Policy, at: &str, read_problems: &[String]) -> V
     problems
 }
 
-/// Zero where zero makes every request fail: a timeout of 0 s times every call out at once.
+/// The longest a duration setting may be, in seconds (a year): far past any real timeout, and
+/// small enough that a deadline computed from it never overflows the clock.
+pub const MAX_SECONDS: u64 = 365 * 24 * 60 * 60;
+
+/// Zero where zero makes every request fail (a timeout of 0 s times every call out at once), or
+/// a timeout no deadline can be computed from.
 pub fn upstream_problems(upstream: &super::tenant::UpstreamSection) -> Vec<String> {
     let mut problems = Vec::new();
     for (key, value) in [
@@ -88,14 +93,37 @@ pub fn upstream_problems(upstream: &super::tenant::UpstreamSection) -> Vec<Strin
                 "upstream.{key}: must be above 0 (every request would time out at once)"
             ));
         }
+        if value > MAX_SECONDS {
+            problems.push(format!(
+                "upstream.{key}: must be at most {MAX_SECONDS} (a year)"
+            ));
+        }
     }
     problems
+}
+
+/// Headers that carry a client's credentials, which must never become a session id.
+pub fn is_credential_header(name: &str) -> bool {
+    [
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "cookie",
+    ]
+    .iter()
+    .any(|h| h.eq_ignore_ascii_case(name))
 }
 
 /// Zero where zero makes every request fail, in the server file: a body limit of 0 bytes
 /// refuses every body, a context window of 0 tokens every conversation.
 pub fn server_problems(server: &super::ServerFile) -> Vec<String> {
     let mut problems = Vec::new();
+    if server.server.shutdown_grace_s > MAX_SECONDS {
+        problems.push(format!(
+            "server.shutdown_grace_s: must be at most {MAX_SECONDS} (a year)"
+        ));
+    }
     if server.server.max_body_bytes == 0 {
         problems
             .push("server.max_body_bytes: must be above 0 (every body would be refused)".into());

@@ -77,7 +77,10 @@ struct Relevant {
 
 impl Relevant {
     fn matches(&self, path: &Path) -> bool {
+        // The folder itself: created again empty after it was deleted, no tenant file changes,
+        // but what is in force (the last good tenants, kept while it was missing) must go.
         path == self.server_file
+            || path == self.tenants_dir
             || (super::is_tenant_file(path) && path.parent() == Some(self.tenants_dir.as_path()))
     }
 }
@@ -95,6 +98,7 @@ mod tests {
         assert!(r.matches(Path::new("cfg/ctxproxy.yaml")));
         assert!(r.matches(Path::new("cfg/tenants/acme.yaml")));
         assert!(r.matches(Path::new("cfg/tenants/acme.yml")));
+        assert!(r.matches(Path::new("cfg/tenants")));
         assert!(!r.matches(Path::new("cfg/tenants/.acme.yaml.swp")));
         assert!(!r.matches(Path::new("cfg/tenants/.acme.yaml")));
         assert!(!r.matches(Path::new("cfg/tenants/._acme.yaml")));
