@@ -1059,3 +1059,23 @@ fn an_endless_timeout_or_a_credential_session_header_is_a_problem() {
         "{out}"
     );
 }
+
+/// The config audit's case: `api_key_env` beside `keys: any` is never used (the client's own
+/// key is forwarded), which deserves a word rather than silence.
+#[test]
+fn an_upstream_key_beside_keys_any_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = write(
+        dir.path(),
+        &[("open", "keys: any\nupstream:\n  api_key_env: HOME\n")],
+    );
+    let (code, out) = check(&server);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        has_line(
+            &out,
+            "warning: tenants/open.yaml: upstream.api_key_env: not used with `keys: any`, which forwards the client's own Authorization (SPEC 2)"
+        ),
+        "{out}"
+    );
+}

@@ -556,6 +556,11 @@ fn build_tenant(
     // Authorization goes upstream, which suits a local model server that needs none. A variable
     // that is named but unset is most likely a deployment mistake, so it is a warning, not a
     // problem: check-config runs where the secret often is not, and the tenant still loads.
+    if matches!(file.keys, Keys::Any) && file.upstream.api_key_env.is_some() {
+        warnings.push(problem(
+            "upstream.api_key_env: not used with `keys: any`, which forwards the client's own Authorization (SPEC 2)".to_string(),
+        ));
+    }
     let upstream_key = file.upstream.api_key_env.as_ref().and_then(|var| {
         // Secrets mounted from files usually end in a newline, which no header may carry.
         let value = std::env::var(var)
