@@ -1111,3 +1111,54 @@ async fn a_role_rolls_its_own_summary_forward_while_another_role_s_is_newer() {
         }
     }
 }
+
+/// The summary audit's cases (SPEC 5.2): a message larger than the summariser can read (a
+/// pasted document, a plain-text tool result) is shortened in its transcript, as step 4 shortens
+/// text, rather than stopping the session's summaries. Before, the plan was cut to what fitted
+/// whole, which left only the question before the document: a summary of it replaced nothing,
+/// was not kept, and every later turn tried the same. A pasted document first in the history was
+/// sent to the summariser whole, past its context window.
+#[tokio::test]
+async fn a_message_too_large_for_the_summariser_is_shortened_not_a_dead_end() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  summary: { model: summ-tiny, \
+                  trigger_tokens: 2000, target_tokens: 1000, min_messages: 6, blocking: true }\n";
+    let opts = ProxyOptions {
+        server_extra:
+            "models:\n  \"summ-tiny*\": { context_window: 3000, encoding: approximate }\n".into(),
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    script(&mock, 200, "DOC facts");
+    let document = "lorem ipsum dolor sit amet ".repeat(540); // ~3,600 tokens
+    let mut history = vec![
+        system(),
+        json!({"role": "user", "content": format!("read this: {document}")}),
+        json!({"role": "assistant", "content": "read"}),
+        json!({"role": "user", "content": "get the doc"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "fetch_doc", "arguments": "{}"}}]}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": document}),
+    ];
+    for n in 0..6 {
+        history.push(json!({"role": "user", "content": format!("short question {n}")}));
+        history.push(json!({"role": "assistant", "content": format!("short answer {n}")}));
+    }
+    history.push(json!({"role": "user", "content": "now"}));
+    let (_, tokens_out) = turn(&proxy, "too-large", &history).await;
+
+    let summaries: Vec<_> = mock
+        .requests()
+        .into_iter()
+        .filter(is_summary_request)
+        .collect();
+    assert_eq!(summaries.len(), 1);
+    let input = summary_input(&summaries[0]);
+    // Within the summariser's reach (half its window for the transcript), both large messages
+    // read in part, with step 4's marker.
+    assert!(input.len() / 4 <= 1500, "{} tokens", input.len() / 4);
+    assert_eq!(input.matches("tokens omitted]").count(), 2, "{input}");
+    assert!(input.contains("[user] get the doc"), "{input}");
+    // The summary was kept and used: the documents are no longer sent.
+    let sent = mock.requests().last().unwrap().body_json().unwrap();
+    assert_eq!(sent["messages"][1]["content"], format!("{PREFIX}DOC facts"));
+    assert!(tokens_out < 1500, "{tokens_out}");
+}

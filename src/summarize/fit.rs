@@ -8,10 +8,15 @@ use crate::context::summary::with_late_results;
 use crate::context::{Entry, SummaryPlan};
 use crate::conversation::Role;
 
-/// `plan` cut to at most `cap` tokens of messages (`entries`: the conversation the plan was made
-/// over), always keeping at least its first segment so a session can never be stuck without
-/// progress.
-pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> SummaryPlan {
+/// `plan` cut to at most `cap` tokens of transcript (`entries`: the conversation the plan was
+/// made over; `cost`: what an entry takes of the transcript, which shortens long messages),
+/// always keeping at least its first segment so a session can never be stuck without progress.
+pub(crate) fn fit_plan(
+    plan: SummaryPlan,
+    entries: &[Entry<'_>],
+    cap: u64,
+    cost: impl Fn(&Entry<'_>) -> u64,
+) -> SummaryPlan {
     // The plan names messages by their index as given; the entries may have gaps.
     let start = entries.partition_point(|e| e.index < plan.from);
     let end = entries.partition_point(|e| e.index <= plan.until);
@@ -22,7 +27,7 @@ pub(crate) fn fit_plan(plan: SummaryPlan, entries: &[Entry<'_>], cap: u64) -> Su
     // segment boundary only when no such cut fits.
     let mut at_user = None;
     for seg in segments(|pos| entries[pos].message, start..end) {
-        let t: u64 = entries[seg.clone()].iter().map(|e| e.tokens).sum();
+        let t: u64 = entries[seg.clone()].iter().map(&cost).sum();
         if until.is_some() && total + t > cap {
             let until = at_user.or(until).unwrap_or(plan.until);
             // Nor may the shorter plan cover a call whose result comes late, after its end.
@@ -66,6 +71,11 @@ mod tests {
         m
     }
 
+    /// Every message whole in the transcript.
+    fn whole(e: &Entry<'_>) -> u64 {
+        e.tokens
+    }
+
     fn plan(from: usize, until: usize) -> SummaryPlan {
         SummaryPlan {
             from,
@@ -85,9 +95,9 @@ mod tests {
         ];
         let entries = Entry::given(&msgs, &[10; 5]);
         // 25 tokens would end inside the call's segment; the cut goes before it.
-        assert_eq!(fit_plan(plan(0, 4), &entries, 25).until, 0);
-        assert_eq!(fit_plan(plan(0, 4), &entries, 30).until, 2);
-        assert_eq!(fit_plan(plan(0, 4), &entries, 1000).until, 4);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 25, whole).until, 0);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 30, whole).until, 2);
+        assert_eq!(fit_plan(plan(0, 4), &entries, 1000, whole).until, 4);
     }
 
     /// The cut leaves the kept history beginning at a user message when one such cut fits.
@@ -102,13 +112,13 @@ mod tests {
         ];
         let entries = Entry::given(&msgs, &[10; 5]);
         // 30 tokens reach past "b"; the cut goes after "x" so that "b" comes first.
-        assert_eq!(fit_plan(plan(0, 3), &entries, 30).until, 1);
-        assert_eq!(fit_plan(plan(0, 3), &entries, 40).until, 3);
+        assert_eq!(fit_plan(plan(0, 3), &entries, 30, whole).until, 1);
+        assert_eq!(fit_plan(plan(0, 3), &entries, 40, whole).until, 3);
         // No such cut fits: any boundary, as before.
-        assert_eq!(fit_plan(plan(0, 3), &entries, 10).until, 0);
+        assert_eq!(fit_plan(plan(0, 3), &entries, 10, whole).until, 0);
         // Not cut at all: the plan stands, wherever it ends (an agent's run of calls).
-        assert_eq!(fit_plan(plan(0, 3), &entries, 1000).until, 3);
-        assert_eq!(fit_plan(plan(0, 1), &entries, 1000).until, 1);
+        assert_eq!(fit_plan(plan(0, 3), &entries, 1000, whole).until, 3);
+        assert_eq!(fit_plan(plan(0, 1), &entries, 1000, whole).until, 1);
         // An earlier user message does not pull a plan that ends in an agent's run back to it.
         let run = vec![
             Message::text(Role::User, "hello"),
@@ -120,13 +130,13 @@ mod tests {
             result("c2"),
         ];
         let run_entries = Entry::given(&run, &[10; 7]);
-        assert_eq!(fit_plan(plan(0, 4), &run_entries, 1000).until, 4);
+        assert_eq!(fit_plan(plan(0, 4), &run_entries, 1000, whole).until, 4);
     }
 
     #[test]
     fn at_least_one_segment_is_taken() {
         let msgs = vec![call("c1"), result("c1"), Message::text(Role::User, "b")];
-        let fitted = fit_plan(plan(0, 2), &Entry::given(&msgs, &[100; 3]), 10);
+        let fitted = fit_plan(plan(0, 2), &Entry::given(&msgs, &[100; 3]), 10, whole);
         assert_eq!((fitted.from, fitted.until), (0, 1));
     }
 }

@@ -46,6 +46,9 @@ pub struct Job {
     /// the previous one's are not known).
     pub(crate) tools_seen: Option<Vec<String>>,
     pub(crate) encoding: Encoding,
+    /// The most a message other than a tool result takes of the transcript (see
+    /// [`message_tokens`](super::request::message_tokens)).
+    pub(crate) message_tokens: u64,
     /// The credential headers sent to the summariser; never logged.
     pub(crate) credentials: HeaderMap,
     /// The client's query, sent on as its request's was (Azure's `api-version`).
@@ -153,18 +156,14 @@ impl Job {
             .last()
             .map(|m| m.seq)
             .ok_or_else(|| Error::Internal("summary anchor is not stored".into()))?;
-        let tool_tokens = self
-            .tenant
-            .policy
-            .compress_tool_output
-            .map_or(super::request::DEFAULT_TOOL_TOKENS, |c| c.max_tokens);
         let body = SummaryRequest {
             model: &policy.model,
             prompt: policy.prompt.as_deref(),
             previous: self.previous.as_deref(),
             messages: &self.messages,
             encoding: self.encoding,
-            tool_tokens,
+            tool_tokens: super::request::tool_tokens(&self.tenant.policy),
+            message_tokens: self.message_tokens,
             // The plan leaves target_tokens for summary plus kept history; a third for the
             // summary keeps the next trigger a while away.
             target_tokens: policy.target_tokens / 3,

@@ -251,7 +251,14 @@ pub async fn prepare(
     };
     // Half the summariser's window for the transcript leaves room for prompt and answer.
     let summariser = state.config.load().models.lookup(&policy.model);
-    let plan = fit::fit_plan(plan, &entries, summariser.context_window / 2);
+    let cap = summariser.context_window / 2;
+    let (tool_tokens, message_tokens) = (
+        request::tool_tokens(&tenant.policy),
+        request::message_tokens(cap),
+    );
+    let plan = fit::fit_plan(plan, &entries, cap, |e| {
+        request::transcript_cost(e.message, e.tokens, tool_tokens, message_tokens)
+    });
     let Some(&anchor) = ids.get(plan.until) else {
         return prepared;
     };
@@ -294,6 +301,7 @@ pub async fn prepare(
         anchor,
         tools_seen: tools_seen.clone(),
         encoding,
+        message_tokens,
         credentials: headers::credentials(client.headers, &UpstreamAuth::of(tenant)),
         query: headers::query_to_upstream(client.query, client.headers, &UpstreamAuth::of(tenant)),
         ticket,

@@ -29,6 +29,33 @@ the summary text only.";
 /// tenant's `compress_tool_output` sets its own limit (the design notes' 200 tokens).
 pub const DEFAULT_TOOL_TOKENS: u64 = 200;
 
+/// The tool-result limit of a tenant's summariser transcript: its `compress_tool_output`'s, or
+/// [`DEFAULT_TOOL_TOKENS`].
+pub fn tool_tokens(policy: &crate::context::Policy) -> u64 {
+    policy
+        .compress_tool_output
+        .map_or(DEFAULT_TOOL_TOKENS, |c| c.max_tokens)
+}
+
+/// The most any other message takes of a transcript that may hold `cap` tokens: a quarter, so
+/// that one pasted document (or a long answer) never fills the summariser's input alone. A
+/// message that did could never be summarised, and the session's summaries would stop there.
+pub fn message_tokens(cap: u64) -> u64 {
+    (cap / 4).max(DEFAULT_TOOL_TOKENS)
+}
+
+/// What one message costs in a transcript whose tool results are cut to `tool_tokens` and other
+/// messages to `message_tokens`, given what it costs whole (a little more for its label).
+pub fn transcript_cost(m: &Message, tokens: u64, tool_tokens: u64, message_tokens: u64) -> u64 {
+    const LABEL: u64 = 8;
+    let limit = if m.role == Role::Tool || m.role == Role::Function {
+        tool_tokens
+    } else {
+        message_tokens
+    };
+    tokens.min(limit + LABEL + LABEL * m.tool_calls().len() as u64)
+}
+
 /// What one summariser call is made of.
 pub struct SummaryRequest<'a> {
     pub model: &'a str,
@@ -39,8 +66,10 @@ pub struct SummaryRequest<'a> {
     /// The messages to fold in, oldest first.
     pub messages: &'a [Message],
     pub encoding: Encoding,
-    /// Tool results over this many tokens are shortened.
+    /// Tool results (and call arguments) over this many tokens are shortened.
     pub tool_tokens: u64,
+    /// Other messages over this many tokens are shortened (see [`message_tokens`]).
+    pub message_tokens: u64,
     /// A rough size for the answer, in tokens.
     pub target_tokens: u64,
 }
@@ -77,9 +106,12 @@ impl SummaryRequest<'_> {
     /// One message as transcript lines.
     fn transcribe(&self, m: &Message, out: &mut String) {
         let mut text = readable_text(m);
-        if (m.role == Role::Tool || m.role == Role::Function)
-            && let Some(short) = compress(self.encoding, &text, self.tool_tokens)
-        {
+        let limit = if m.role == Role::Tool || m.role == Role::Function {
+            self.tool_tokens
+        } else {
+            self.message_tokens
+        };
+        if let Some(short) = compress(self.encoding, &text, limit) {
             text = short;
         }
         let who = match (&m.role, &m.name) {
@@ -213,6 +245,7 @@ mod tests {
             messages,
             encoding: Encoding::Approximate,
             tool_tokens: 20,
+            message_tokens: 1000,
             target_tokens: 300,
         }
     }
