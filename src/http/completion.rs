@@ -145,6 +145,7 @@ impl Completion {
             choices,
             usage,
             system: self.system.take(),
+            arrived: Some(crate::store::Timestamp::now().minus(self.started.elapsed())),
         };
         let lease = self.lock.take().and_then(SessionLock::into_lease);
         let kept_lease = lease.clone();

@@ -32,6 +32,14 @@ impl Timestamp {
         )
     }
 
+    /// This instant moved `d` into the past.
+    pub fn minus(self, d: Duration) -> Self {
+        Timestamp(
+            self.0
+                .saturating_sub(d.as_millis().min(i64::MAX as u128) as i64),
+        )
+    }
+
     /// RFC 3339 in UTC with millisecond precision.
     pub fn to_rfc3339(self) -> String {
         let secs = self.0.div_euclid(1000);

@@ -207,6 +207,9 @@ pub struct NewRequestRecord {
     /// stored ones (SPEC 4.1: for this request only, so the branch keeps its own), as a JSON
     /// array as received; `None` when it replaced nothing or sent the same.
     pub system: Option<Value>,
+    /// When the request arrived, which the record's time says (its admin listing is then in
+    /// the order requests came); `None`: when it is stored.
+    pub arrived: Option<Timestamp>,
 }
 
 impl NewRequestRecord {

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use ctxproxy::conversation::chain_ids;
-use ctxproxy::store::{NewRequestRecord, NewSummary, SessionQuery};
+use ctxproxy::store::{NewRequestRecord, NewSummary, SessionQuery, Timestamp};
 use serde_json::json;
 
 use super::{Fixture, msg, scope, send};
@@ -228,6 +228,8 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
             choices: (i == 2).then(|| json!([{"index": 1, "message": {"role": "assistant", "content": "alt"}}])),
             usage: (i == 1).then(|| json!({"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9, "x_extra": {"kept": true}})),
             system: (i == 1).then(|| json!([{"role": "system", "content": "Be brief.\u{0}", "x_kept": 1}])),
+            // A record's time is when its request arrived, where the caller knows it.
+            arrived: (i == 0).then_some(Timestamp(1_700_000_000_123)),
         })
         .await
         .unwrap();
@@ -239,6 +241,8 @@ pub async fn request_records_are_listed_oldest_first(fx: &Fixture) {
             .collect::<Vec<_>>(),
         vec!["req_0", "req_1", "req_2"]
     );
+    assert_eq!(list[0].time, Timestamp(1_700_000_000_123));
+    assert!(list[1].time > list[0].time);
     assert_eq!(list[1].status, 201);
     assert_eq!(list[2].tokens_in, Some(102));
     assert_eq!(list[0].head, Some(ids[0]));

@@ -30,7 +30,7 @@ pub(super) async fn insert_request(
     r: &NewRequestRecord,
 ) -> Result<RequestRecord> {
     let id = uuid::Uuid::now_v7().to_string();
-    let time = Timestamp::now();
+    let time = r.arrived.unwrap_or_else(Timestamp::now);
     sqlx::query(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \

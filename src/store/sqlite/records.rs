@@ -39,7 +39,7 @@ pub(super) fn insert_request_row(
     head: Option<MessageId>,
 ) -> Result<(String, Timestamp)> {
     let id = uuid::Uuid::now_v7().to_string();
-    let time = Timestamp::now();
+    let time = r.arrived.unwrap_or_else(Timestamp::now);
     conn.prepare_cached(
         "INSERT INTO requests (id, tenant, session_id, head_id, created_at, endpoint, model, \
          status, tokens_in, tokens_out, latency_ms, upstream_latency_ms, request_id, report, \
