@@ -983,11 +983,44 @@ async fn an_upstream_conversation_goes_with_its_items_as_received() {
         json!([{"role": "user", "content": "second"}]),
         "{sent}"
     );
-    // Stored as received, as an unknown `previous_response_id`'s turn is (README), with its
-    // reply.
+    // Stored after the session's head, as the client sends only what is new.
     let kept = stored(&proxy, "conv-session").await;
-    assert_eq!(kept.len(), 2);
-    assert_eq!(kept[0], json!({"role": "user", "content": "second"}));
+    assert_eq!(kept.len(), 4);
+    assert_eq!(kept[0], json!({"role": "user", "content": "first"}));
+    assert_eq!(kept[2], json!({"role": "user", "content": "second"}));
+
+    // Without a session named, the conversation's turns find the session of its last turn (as
+    // a `previous_response_id` does its response's), for the key that made it; each sends its
+    // own items, and the session holds the whole conversation in order.
+    let mut session = None;
+    for (k, text) in ["one", "two", "three"].iter().enumerate() {
+        let before = mock.requests().len();
+        let (_, s) = respond(
+            &proxy,
+            &json!({"model": "m", "conversation": {"id": "conv_chain"}, "input": text}),
+        )
+        .await;
+        assert_eq!(*session.get_or_insert(s.clone()), s, "turn {k}");
+        let sent = mock.requests()[before].body_json().unwrap();
+        assert_eq!(sent["input"], json!([{"role": "user", "content": text}]));
+    }
+    let kept = stored(&proxy, session.as_deref().unwrap()).await;
+    let users: Vec<&Value> = kept.iter().map(|i| &i["content"]).step_by(2).collect();
+    assert_eq!(users, ["one", "two", "three"]);
+    assert_eq!(kept.len(), 6);
+    // Another key's request in the same conversation id is another client's: a session of its
+    // own.
+    let other = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-other")
+        .json(&json!({"model": "m", "conversation": "conv_chain", "input": "four"}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        other.headers()["x-ctxproxy-session"].to_str().unwrap(),
+        session.as_deref().unwrap()
+    );
 }
 
 /// The Responses audit's cases (SPEC 7): a client that sends stored items by reference (the

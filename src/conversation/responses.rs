@@ -50,6 +50,15 @@ impl ResponsesRequest {
         self.extra.get("conversation").is_some_and(|v| !v.is_null())
     }
 
+    /// The id of the upstream conversation the request continues (`"conversation": "conv_…"`
+    /// or `{"id": "conv_…"}`).
+    pub fn upstream_conversation_id(&self) -> Option<&str> {
+        match self.extra.get("conversation")? {
+            Value::String(id) => Some(id),
+            other => other.get("id")?.as_str(),
+        }
+    }
+
     /// `metadata.session_id`, when the client names its session in the body.
     pub fn metadata_session_id(&self) -> Option<&str> {
         self.metadata.as_ref()?.get("session_id")?.as_str()

@@ -95,6 +95,14 @@ impl Call {
         }
     }
 
+    /// The id of the upstream conversation a Responses request continues. Never for chat.
+    pub fn upstream_conversation_id(&self) -> Option<&str> {
+        match self {
+            Call::Chat(_) => None,
+            Call::Responses(r) => r.upstream_conversation_id(),
+        }
+    }
+
     /// Once the proxy resolved the id itself, the upstream's own state is not used: the id is
     /// replaced by the root of the stored chain, a response only the upstream holds, if it has
     /// one (SPEC 7), else dropped.

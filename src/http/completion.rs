@@ -16,6 +16,7 @@ use crate::context::Report;
 use crate::conversation::MessageId;
 use crate::metrics;
 use crate::session::SessionLock;
+use crate::session::pending::AnnouncedResponse;
 use crate::store::{Append, Lease, NewMessage, NewRequestRecord, Origin, TurnClose, TurnClosed};
 use crate::upstream::reply::Reply;
 
@@ -47,6 +48,11 @@ pub struct Completion {
     /// The system messages sent in place of the stored ones, for the record
     /// (`history::Assembled::system`).
     pub system: Option<Value>,
+    /// The upstream conversation the request continues, as its
+    /// [`conversation_key`](crate::store::conversation_key), recorded on the head after the
+    /// reply. Announced while the request runs, so that the conversation's next turn waits to
+    /// find this session rather than begin another (dropped with the completion, once stored).
+    pub conversation: Option<(String, AnnouncedResponse)>,
 }
 
 impl Completion {
@@ -157,6 +163,7 @@ impl Completion {
             response_id,
             upstream_root: self.upstream_root.take(),
             key_hash: self.key_hash.take(),
+            conversation: self.conversation.as_ref().map(|(key, _)| key.clone()),
             record,
             lease,
             awaited,

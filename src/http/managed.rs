@@ -338,7 +338,7 @@ pub(crate) async fn continue_upstream_root(
     assembled: &session::history::Assembled,
     call: &mut Call,
 ) -> Result<()> {
-    if !matches!(call, Call::Responses(_)) || call.previous_response_id().is_some() {
+    if !matches!(call, Call::Responses(_)) || call.upstream_holds_history() {
         return Ok(());
     }
     if let Some(reply) = assembled.head_reply
@@ -512,6 +512,24 @@ async fn prepare(
         }
         None => None,
     };
+    // An upstream conversation names the session of its last turn here, as a response id names
+    // its response's: recorded on each turn's close, announced while a turn runs.
+    let conversation = match &previous {
+        None => call
+            .upstream_conversation_id()
+            .map(crate::store::conversation_key),
+        Some(_) => None,
+    };
+    let conversation_session = match &conversation {
+        Some(key) => {
+            let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(key))).await;
+            let found = store.find_response(&tenant.name, key).await?;
+            found
+                .filter(|f| f.belongs_to(scope.key_hash.as_deref()))
+                .map(|f| f.session)
+        }
+        None => None,
+    };
     let auto_ids = if mode == HistoryMode::Client && previous.is_none() && tenant.file.session.auto
     {
         crate::cpu::run_heavy(body_bytes, || chain_ids(&incoming))
@@ -530,6 +548,7 @@ async fn prepare(
             headers,
             metadata_session_id: call.metadata_session_id(),
             previous_response: previous.as_ref().map(|r| (r.session.clone(), r.message)),
+            conversation_session,
             scope: &scope,
             ids: &auto_ids,
             through,
@@ -572,9 +591,21 @@ async fn prepare(
         stored_prefix: resolved.stored_prefix,
     };
     let mode = mode_for_upstream_history(mode, &call, resolved.anchor);
-    let base = session::history::stored_base(mode, resolved.anchor.map(session::history::Base::At));
+    // The client of an upstream conversation sends only what is new: stored after the session's
+    // head, as server mode stores it, though sent as received (the upstream holds the rest).
+    let own_items = conversation.is_some().then(|| incoming.messages.clone());
+    let storage = match own_items {
+        Some(_) => HistoryMode::Server,
+        None => mode,
+    };
+    let conversation = conversation.map(|key| {
+        let announced = state.pending.announce_response(&key);
+        (key, announced)
+    });
+    let base =
+        session::history::stored_base(storage, resolved.anchor.map(session::history::Base::At));
     let t = Instant::now();
-    let (opening, assembled) = match base {
+    let (opening, mut assembled) = match base {
         // The conversation is the request's own: what to store is known before the store is
         // touched, and taking the lease and storing it is one store call.
         None => {
@@ -603,16 +634,25 @@ async fn prepare(
         }
         // The stored history is part of the conversation: read under the lease first.
         Some(base) => {
-            let (lock, assembled) =
-                session::turn::open_on_stored(&state.store, &target, mode, base, incoming, || {
-                    !client.gone()
-                })
-                .await?;
+            let (lock, assembled) = session::turn::open_on_stored(
+                &state.store,
+                &target,
+                storage,
+                base,
+                incoming,
+                || !client.gone(),
+            )
+            .await?;
             crate::metrics::store_op("open_turn", t.elapsed());
             log.session = Some(resolved.id.clone());
             (Either::Right(std::future::ready(Ok(lock))), assembled)
         }
     };
+    if let Some(own) = own_items {
+        assembled.ids = chain_ids(&own);
+        assembled.messages = own;
+        assembled.only_incoming = true;
+    }
     // (A chat request's wire messages may have moved into the store's job: count the ids.)
     check_something_to_send(&assembled.ids, &call)?;
     continue_upstream_root(store, &tenant.name, &resolved.id, &assembled, &mut call).await?;
@@ -655,6 +695,7 @@ async fn prepare(
         // before keys were recorded, which any key may continue.
         key_hash: Some(scope.key_hash.clone().unwrap_or_default()),
         system: assembled.system,
+        conversation,
     };
     let rewritten = match rewritten {
         Ok(r) => r,

@@ -1,5 +1,6 @@
 //! Which session a request belongs to (SPEC 4), first that applies: the tenant's session header,
-//! `metadata.session_id`, the session of `previous_response_id` (Responses API), the session
+//! `metadata.session_id`, the session of `previous_response_id` (Responses API) or of an upstream
+//! `conversation`'s last turn (an extension: SPEC 4 does not name it), the session
 //! whose stored conversation is the longest prefix of the incoming one (`session.auto`), else a
 //! new session with a UUIDv7 id.
 
@@ -20,6 +21,8 @@ pub enum Source {
     Header,
     Metadata,
     PreviousResponse,
+    /// The session of the upstream `conversation`'s last turn.
+    Conversation,
     Auto,
     New,
 }
@@ -41,6 +44,8 @@ pub struct Hints<'a> {
     pub metadata_session_id: Option<&'a str>,
     /// Already looked up: the session and head of a known `previous_response_id`.
     pub previous_response: Option<(String, MessageId)>,
+    /// Already looked up: the session of the upstream `conversation`'s last turn.
+    pub conversation_session: Option<String>,
     pub scope: &'a Scope,
     /// The chained ids of the incoming conversation (for auto matching).
     pub ids: &'a [MessageId],
@@ -115,6 +120,14 @@ async fn resolve_id(store: &dyn Store, tenant: &Tenant, hints: Hints<'_>) -> Res
             id: session,
             source: Source::PreviousResponse,
             anchor: Some(anchor),
+            stored_prefix: 0,
+        });
+    }
+    if let Some(id) = hints.conversation_session {
+        return Ok(Resolved {
+            id,
+            source: Source::Conversation,
+            anchor: None,
             stored_prefix: 0,
         });
     }

@@ -29,7 +29,7 @@ pub use turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened};
 pub use types::{
     Appended, Branch, DEFAULT_LOCK_WAIT, Lease, NewMessage, NewRequestRecord, NewSummary, Origin,
     PrefixMatch, RequestRecord, ResponseRef, Scope, Session, SessionDetail, SessionPage,
-    SessionQuery, StoredMessage, Summary,
+    SessionQuery, StoredMessage, Summary, conversation_key,
 };
 
 use crate::conversation::MessageId;

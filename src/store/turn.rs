@@ -57,6 +57,10 @@ pub struct TurnClose {
     /// The hex sha256 of the client's key, recorded with `response_id` (see
     /// [`crate::store::ResponseRef::key_hash`]).
     pub key_hash: Option<String>,
+    /// The upstream conversation the request continued, as its
+    /// [`conversation_key`](crate::store::conversation_key): recorded like a response id, on
+    /// the head after the reply, so the conversation's next turn finds this session.
+    pub conversation: Option<String>,
     /// Its `head` is replaced by the reply's last message when the reply is stored.
     pub record: NewRequestRecord,
     /// Released last.
@@ -242,6 +246,19 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
                 .await;
             parts.tried("record the response id", recorded);
         }
+        if let (Some(key), Some(head)) = (&close.conversation, record.head) {
+            let recorded = store
+                .record_response(
+                    &record.tenant,
+                    key,
+                    &record.session,
+                    head,
+                    None,
+                    close.key_hash.as_deref(),
+                )
+                .await;
+            parts.tried("record the conversation", recorded);
+        }
     }
     let inserted = store.insert_request(&record).await;
     // Without its record the turn is not closed: the lease stays for the close to be tried again.
@@ -294,6 +311,7 @@ mod tests {
                 messages: NewMessage::chain(last.as_ref(), &reply, Origin::Reply),
             }),
             response_id: None,
+            conversation: None,
             upstream_root: None,
             key_hash: None,
             record: NewRequestRecord {

@@ -293,6 +293,13 @@ pub struct Summary {
     pub tools_seen: Option<Vec<String>>,
 }
 
+/// The key under which the session an upstream `conversation` continues is recorded beside
+/// response ids (a prefix no response id has): the Responses API's `conversation` names the
+/// session of its last turn as `previous_response_id` names its response's.
+pub fn conversation_key(conversation_id: &str) -> String {
+    format!("conversation:{conversation_id}")
+}
+
 /// Where a Responses API response id points.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseRef {

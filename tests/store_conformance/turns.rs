@@ -6,6 +6,7 @@ use std::time::Duration;
 use ctxproxy::conversation::MessageId;
 use ctxproxy::store::{
     Append, NewMessage, NewRequestRecord, Origin, Scope, Store, TurnClose, TurnOpen,
+    conversation_key,
 };
 use serde_json::Value;
 
@@ -87,6 +88,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
             response_id: Some("resp_turn".into()),
             upstream_root: Some("resp_upstream_only".into()),
             key_hash: Some("k-turn".into()),
+            conversation: Some(conversation_key("conv_turn")),
             record: record("turn", last),
             lease: Some(opened.lease),
             awaited: false,
@@ -121,6 +123,19 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
         !found.belongs_to(None),
         "a request without a key is another client"
     );
+    // The upstream conversation the request continued names this session and its head, for
+    // the conversation's next turn, with the key that made it.
+    let conversation = s
+        .find_response("t", &conversation_key("conv_turn"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (conversation.session.as_str(), conversation.message),
+        ("turn", reply_id)
+    );
+    assert_eq!(conversation.upstream_root, None);
+    assert!(conversation.belongs_to(Some("k-turn")));
     assert!(lease_is_free(s, "turn").await, "closing released the lease");
 
     // The next turn resends everything: only the new message is stored, and the session keeps
@@ -239,6 +254,7 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
             response_id: None,
             upstream_root: None,
             key_hash: None,
+            conversation: None,
             record: record("partial", last),
             lease: Some(opened.lease),
             awaited: true,
@@ -271,6 +287,7 @@ pub async fn a_close_nothing_of_which_was_stored_is_handed_back(fx: &Fixture) {
             response_id: None,
             upstream_root: None,
             key_hash: None,
+            conversation: None,
             record: record("never-created", None),
             lease: None,
             awaited: true,
@@ -332,6 +349,7 @@ pub async fn a_close_whose_record_failed_is_handed_back_and_done_again_once(fx: 
             response_id: None,
             upstream_root: None,
             key_hash: None,
+            conversation: None,
             record: record("record-refused", last),
             lease: Some(opened.lease),
             awaited: true,

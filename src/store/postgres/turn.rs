@@ -82,6 +82,11 @@ impl PostgresStore {
                 let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());
                 records::record_response(&mut tx, tenant, id, session, head, root, key).await?;
             }
+            if let (Some(conversation), Some(head)) = (&close.conversation, record.head) {
+                let key = close.key_hash.as_deref();
+                records::record_response(&mut tx, tenant, conversation, session, head, None, key)
+                    .await?;
+            }
         }
         records::insert_request(&mut tx, &record).await?;
         tx.commit().await?;

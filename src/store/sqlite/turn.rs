@@ -103,6 +103,7 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
         response_id,
         upstream_root,
         key_hash,
+        conversation,
         record,
         lease,
         awaited: _,
@@ -131,6 +132,20 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
                 records::record_response(conn, tenant, id, session, head, root, key)
             });
             parts.tried("record the response id", recorded);
+        }
+        if let (Some(key), Some(head)) = (conversation, head) {
+            let recorded = part(conn, || {
+                records::record_response(
+                    conn,
+                    tenant,
+                    key,
+                    session,
+                    head,
+                    None,
+                    key_hash.as_deref(),
+                )
+            });
+            parts.tried("record the conversation", recorded);
         }
     }
     let inserted = part(conn, || records::insert_request_row(conn, record, head));
