@@ -965,6 +965,24 @@ async fn an_upstream_conversation_goes_with_its_items_as_received() {
         assert_eq!(sent["conversation"], conversation);
     }
 
+    // With a stored `previous_response_id` beside it (which OpenAI refuses), the request goes
+    // as received: resolving the id would resend what the conversation holds.
+    let (first, _) = respond(
+        &proxy,
+        &json!({"model": "m", "conversation": "conv_both", "input": "hello"}),
+    )
+    .await;
+    let body = json!({"model": "m", "conversation": "conv_both", "previous_response_id": first["id"], "input": "again"});
+    let before = mock.requests().len();
+    respond(&proxy, &body).await;
+    let sent = mock.requests()[before].body_json().unwrap();
+    assert_eq!(
+        sent["input"],
+        json!([{"role": "user", "content": "again"}]),
+        "{sent}"
+    );
+    assert_eq!(sent["previous_response_id"], first["id"]);
+
     // Server mode, both turns in one conversation: the second sends its own item only.
     let server = |text: &str| {
         client()
@@ -1055,6 +1073,20 @@ async fn items_sent_by_reference_keep_their_outputs_and_reasoning_goes_with_its_
     assert_eq!(
         previewed["report"]["repaired"],
         json!([{"index": 1, "kind": "orphan_result"}])
+    );
+
+    // A reasoning reference that leads nothing goes, as a reasoning item there does.
+    let lone = json!([
+        {"role": "user", "content": "q"},
+        {"type": "item_reference", "id": "rs_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "x"},
+        {"role": "user", "content": "q2"},
+    ]);
+    let (_, previewed) = preview(&proxy, "sk-test", &json!({"model": "m", "input": lone})).await;
+    assert_eq!(previewed["input"], json!([lone[0], lone[3]]), "{previewed}");
+    assert_eq!(
+        previewed["report"]["repaired"],
+        json!([{"index": 1, "kind": "empty_assistant"}, {"index": 2, "kind": "orphan_result"}])
     );
 
     let reasoning_by_reference = json!([

@@ -1120,12 +1120,27 @@ async fn a_role_rolls_its_own_summary_forward_while_another_role_s_is_newer() {
 /// sent to the summariser whole, past its context window.
 #[tokio::test]
 async fn a_message_too_large_for_the_summariser_is_shortened_not_a_dead_end() {
-    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  summary: { model: summ-tiny, \
-                  trigger_tokens: 2000, target_tokens: 1000, min_messages: 6, blocking: true }\n";
+    summarise_around_large_messages("").await;
+}
+
+/// The re-check's case: a tenant whose `compress_tool_output` limit is larger than what the
+/// summariser may read of one message. Tool results and call arguments are held to the lower
+/// of the two, or a result the pipeline left at 2,000 tokens stopped the summaries again, and
+/// plain-text arguments overflowed the summariser's window.
+#[tokio::test]
+async fn a_large_compression_limit_does_not_let_one_result_fill_the_summary_input() {
+    summarise_around_large_messages("  compress_tool_output: { max_tokens: 2000 }\n").await;
+}
+
+async fn summarise_around_large_messages(policy: &str) {
+    let tenant = format!(
+        "keys: any\nupstream:\n  base_url: {{upstream}}\npolicy:\n  summary: {{ model: summ-tiny, \
+         trigger_tokens: 2000, target_tokens: 1000, min_messages: 6, blocking: true }}\n{policy}"
+    );
     let opts = ProxyOptions {
         server_extra:
             "models:\n  \"summ-tiny*\": { context_window: 3000, encoding: approximate }\n".into(),
-        ..ProxyOptions::default().only_tenant("default", tenant)
+        ..ProxyOptions::default().only_tenant("default", &tenant)
     };
     let (proxy, mock) = proxy_and_mock(opts).await;
     script(&mock, 200, "DOC facts");
@@ -1137,28 +1152,59 @@ async fn a_message_too_large_for_the_summariser_is_shortened_not_a_dead_end() {
         json!({"role": "user", "content": "get the doc"}),
         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "fetch_doc", "arguments": "{}"}}]}),
         json!({"role": "tool", "tool_call_id": "c1", "content": document}),
+        json!({"role": "user", "content": "save it"}),
+        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "save", "arguments": document}}]}),
+        json!({"role": "tool", "tool_call_id": "c2", "content": "saved"}),
     ];
     for n in 0..6 {
         history.push(json!({"role": "user", "content": format!("short question {n}")}));
         history.push(json!({"role": "assistant", "content": format!("short answer {n}")}));
     }
     history.push(json!({"role": "user", "content": "now"}));
-    let (_, tokens_out) = turn(&proxy, "too-large", &history).await;
-
-    let summaries: Vec<_> = mock
-        .requests()
-        .into_iter()
-        .filter(is_summary_request)
-        .collect();
-    assert_eq!(summaries.len(), 1);
-    let input = summary_input(&summaries[0]);
-    // Within the summariser's reach (half its window for the transcript), both large messages
-    // read in part, with step 4's marker.
-    assert!(input.len() / 4 <= 1500, "{} tokens", input.len() / 4);
-    assert_eq!(input.matches("tokens omitted]").count(), 2, "{input}");
-    assert!(input.contains("[user] get the doc"), "{input}");
-    // The summary was kept and used: the documents are no longer sent.
-    let sent = mock.requests().last().unwrap().body_json().unwrap();
-    assert_eq!(sent["messages"][1]["content"], format!("{PREFIX}DOC facts"));
-    assert!(tokens_out < 1500, "{tokens_out}");
+    // Each turn's summary rolls in what fits; within a few turns every large message is read,
+    // in part, with step 4's marker, and no transcript goes past the summariser's reach (half
+    // its window).
+    let mut read = String::new();
+    let mut last_out = 0;
+    for n in 0..4 {
+        let (reply, tokens_out) = turn(&proxy, "too-large", &history).await;
+        let sent = mock.requests().last().unwrap().body_json().unwrap();
+        assert!(
+            sent["messages"][1]["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(PREFIX)),
+            "turn {n}: the summary was kept and used"
+        );
+        last_out = tokens_out;
+        history.push(reply);
+        history.push(json!({"role": "user", "content": format!("and then {n}")}));
+        if read.contains("[assistant calls save (c2)]") {
+            break;
+        }
+        for r in mock.requests().iter().filter(|r| is_summary_request(r)) {
+            let input = summary_input(r);
+            assert!(
+                input.len() / 4 <= 1500,
+                "{} tokens: {input}",
+                input.len() / 4
+            );
+            read.push_str(&input);
+        }
+    }
+    assert!(last_out < 1500, "the documents are still sent: {last_out}");
+    assert!(read.contains("[user] get the doc"), "{read}");
+    for label in [
+        "[user] read this: ",
+        "[tool result (c1)] ",
+        "[assistant calls save (c2)] ",
+    ] {
+        let at = read
+            .find(label)
+            .unwrap_or_else(|| panic!("{label} never read: {read}"));
+        let message = read[at..].lines().take(3).collect::<String>();
+        assert!(
+            message.contains("tokens omitted]"),
+            "{label} not shortened: {message}"
+        );
+    }
 }

@@ -492,7 +492,12 @@ async fn prepare(
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     // How long this request waits for others on its session, whatever it waits on.
     let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
-    let previous = match call.previous_response_id() {
+    // Beside an upstream `conversation` (which OpenAI refuses with one), an id is not resolved:
+    // the stored chain would resend what the conversation holds. The request goes as received.
+    let previous = match call
+        .previous_response_id()
+        .filter(|_| call.upstream_conversation_id().is_none())
+    {
         Some(id) => {
             // A stream still running may hold it (announced): waited for as long as a session
             // is, no longer; then the id is looked up as it stands.

@@ -73,7 +73,12 @@ async fn preview(
     .map(str::to_string);
     // As in the real call, a response of another session than the one named is not resolved:
     // its id goes upstream as it came.
-    let previous = match call.previous_response_id() {
+    // Beside an upstream `conversation` (which OpenAI refuses with one), an id is not resolved:
+    // the stored chain would resend what the conversation holds. The request goes as received.
+    let previous = match call
+        .previous_response_id()
+        .filter(|_| call.upstream_conversation_id().is_none())
+    {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
             state.store.find_response(&tenant.name, id).await?

@@ -44,16 +44,20 @@ pub fn message_tokens(cap: u64) -> u64 {
     (cap / 4).max(DEFAULT_TOOL_TOKENS)
 }
 
-/// What one message costs in a transcript whose tool results are cut to `tool_tokens` and other
-/// messages to `message_tokens`, given what it costs whole (a little more for its label).
+/// What one message costs at most in a transcript whose tool results and call arguments are
+/// cut to `tool_tokens` and other text to `message_tokens` (the lower of the two bounds tool
+/// results and arguments too: a tenant's large `compress_tool_output` limit must not let one
+/// result fill the summariser's input), given what it costs whole (a little more per label).
 pub fn transcript_cost(m: &Message, tokens: u64, tool_tokens: u64, message_tokens: u64) -> u64 {
     const LABEL: u64 = 8;
-    let limit = if m.role == Role::Tool || m.role == Role::Function {
-        tool_tokens
+    let tool_limit = tool_tokens.min(message_tokens);
+    let text_limit = if m.role == Role::Tool || m.role == Role::Function {
+        tool_limit
     } else {
         message_tokens
     };
-    tokens.min(limit + LABEL + LABEL * m.tool_calls().len() as u64)
+    let calls = m.tool_calls().len() as u64 + u64::from(legacy_function_call(m).is_some());
+    tokens.min(text_limit + LABEL + calls * (tool_limit + LABEL))
 }
 
 /// What one summariser call is made of.
@@ -106,8 +110,9 @@ impl SummaryRequest<'_> {
     /// One message as transcript lines.
     fn transcribe(&self, m: &Message, out: &mut String) {
         let mut text = readable_text(m);
+        let tool_limit = self.tool_tokens.min(self.message_tokens);
         let limit = if m.role == Role::Tool || m.role == Role::Function {
-            self.tool_tokens
+            tool_limit
         } else {
             self.message_tokens
         };
@@ -129,7 +134,7 @@ impl SummaryRequest<'_> {
         }
         // Arguments can be as long as results; they get the same treatment.
         let shortened = |args: &str| {
-            compress(self.encoding, args, self.tool_tokens).unwrap_or_else(|| args.to_string())
+            compress(self.encoding, args, tool_limit).unwrap_or_else(|| args.to_string())
         };
         for call in m.tool_calls() {
             out.push_str(&format!(

@@ -462,9 +462,15 @@ fn reasoning_leads(kind: Kind, item: &Value) -> bool {
 
 /// Whether `m` is a reasoning item that leads nothing (see [`ItemMessages::new`]): the
 /// provider refuses it, and repair drops it.
+/// A reference to a reasoning item standing alone is one too.
 pub fn is_lone_reasoning(m: &Message) -> bool {
-    matches!(&m.role, Role::Other(r) if r.strip_prefix(ITEM_ROLE_PREFIX) == Some("reasoning"))
-        && m.extra.contains_key(ORIGINAL_KEY)
+    matches!(&m.role, Role::Other(r) if r.starts_with(ITEM_ROLE_PREFIX))
+        && m.extra
+            .get(ORIGINAL_KEY)
+            .and_then(Value::as_array)
+            .is_some_and(
+                |items| matches!(items.as_slice(), [item] if kind(item) == Kind::Reasoning),
+            )
 }
 
 /// Where a run of calls starting at `i` ends: calls, and reasoning that leads a further call.
