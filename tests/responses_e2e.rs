@@ -1063,6 +1063,25 @@ async fn items_sent_by_reference_keep_their_outputs_and_reasoning_goes_with_its_
     assert_eq!(previewed["input"], by_reference);
     assert_eq!(previewed["report"]["repaired"], json!([]));
 
+    // A second output for a referenced call answers it twice: it goes.
+    let twice = json!([
+        {"role": "user", "content": "q"},
+        {"type": "item_reference", "id": "fc_1"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "a"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "b"},
+        {"role": "user", "content": "q2"},
+    ]);
+    let (_, previewed) = preview(&proxy, "sk-test", &json!({"model": "m", "input": twice})).await;
+    assert_eq!(
+        previewed["input"],
+        json!([twice[0], twice[1], twice[2], twice[4]]),
+        "{previewed}"
+    );
+    assert_eq!(
+        previewed["report"]["repaired"],
+        json!([{"index": 3, "kind": "orphan_result"}])
+    );
+
     // An output with no call at all, and no reference it could be, is still an orphan.
     let orphan = json!([
         {"role": "user", "content": "q"},

@@ -116,9 +116,15 @@ fn kinds_in_place(items: &[Value]) -> Vec<Kind> {
         .filter(|(_, k)| **k == Kind::Call)
         .filter_map(|(item, _)| item.get("call_id").and_then(Value::as_str))
         .collect();
+    // The first output for such a call only: a second answers it again, which repair drops
+    // (as an orphan, since the proxy cannot see the call it duplicates).
+    let mut answered: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for (item, k) in items.iter().zip(kinds.iter_mut()).skip(first_reference) {
         let call_id = item.get("call_id").and_then(Value::as_str);
-        if *k == Kind::Output && call_id.is_some_and(|c| !called.contains(c)) {
+        if *k == Kind::Output
+            && let Some(call_id) = call_id.filter(|c| !called.contains(c))
+            && answered.insert(call_id)
+        {
             *k = Kind::Opaque;
         }
     }
