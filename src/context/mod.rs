@@ -43,7 +43,7 @@ use std::ops::Range;
 
 use serde_json::Value;
 
-use crate::conversation::{Message, MessageId, Role};
+use crate::conversation::{Message, MessageId};
 use crate::error::{Error, Result};
 use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
 
@@ -160,12 +160,12 @@ impl Plan {
     }
 
     /// The rewritten conversation, moving the unchanged messages out of `messages` (the
-    /// conversation the plan was made from), which is left holding empty messages in their
-    /// place and the messages the rewrite dropped.
+    /// conversation the plan was made from), which is left holding empty messages
+    /// ([`Message::empty`]) in their place and the messages the rewrite dropped.
     pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
         self.assemble(|out, run| {
             let taken = messages.get_mut(run).unwrap_or_default().iter_mut();
-            out.extend(taken.map(|m| std::mem::replace(m, Message::text(Role::User, ""))));
+            out.extend(taken.map(|m| std::mem::replace(m, Message::empty())));
         })
     }
 

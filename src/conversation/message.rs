@@ -242,6 +242,20 @@ pub struct CustomCall {
 }
 
 impl Message {
+    /// A user message with nothing in it: what a message moved out of a list leaves behind
+    /// (no allocation).
+    #[inline]
+    pub fn empty() -> Self {
+        Message {
+            role: Role::User,
+            content: None,
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            extra: Map::new(),
+        }
+    }
+
     /// A message with just a role and a string content.
     pub fn text(role: Role, text: impl Into<String>) -> Self {
         Message {
