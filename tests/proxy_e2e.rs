@@ -2078,3 +2078,69 @@ async fn while_a_refused_close_is_tried_again_the_session_waits_for_it() {
     let records = proxy.request_records("default", "retried").await;
     assert_eq!(records.len(), 2, "{records:?}");
 }
+
+/// The framework audit's case (SPEC 3): an upstream that breaks inside an event. The client
+/// gets the events that came whole and then the proxy's error event, never the half event
+/// (every SDK failed on it with a JSON error instead of the API error that follows).
+#[tokio::test]
+async fn a_stream_broken_inside_an_event_never_passes_the_half_event_on() {
+    let whole = sse_chunks(&[
+        json!({"id":"c-mid","choices":[{"index":0,"delta":{"role":"assistant","content":"Half"}}]}),
+    ]);
+    let half = bytes::Bytes::from_static(
+        b"data: {\"id\":\"c-mid\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" an",
+    );
+    let upstream = breaking_sse_upstream(vec![whole[0].clone(), half]).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let resp = streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", "s-mid")
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.starts_with(std::str::from_utf8(&whole[0]).unwrap()),
+        "{text}"
+    );
+    assert!(
+        !text.contains(" an"),
+        "the half event was passed on: {text}"
+    );
+    let data = sse_data(&text);
+    for d in &data {
+        serde_json::from_str::<Value>(d).unwrap_or_else(|e| panic!("{e}: {d}"));
+    }
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_unreachable", "{text}");
+    proxy.wait_for_records("default", "s-mid", 1).await;
+    assert_eq!(
+        proxy.request_records("default", "s-mid").await[0]["status"],
+        502
+    );
+}
+
+/// Events split anywhere across the upstream's writes (a blank line itself split in two) reach
+/// the client byte for byte, and the reply is rebuilt and stored.
+#[tokio::test]
+async fn events_split_across_reads_are_relayed_byte_for_byte() {
+    let events = sse_chunks(&[
+        json!({"id":"c-split","choices":[{"index":0,"delta":{"role":"assistant","content":"Split "}}]}),
+        json!({"id":"c-split","choices":[{"index":0,"delta":{"content":"across reads"}}]}),
+        json!({"id":"c-split","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}),
+    ]);
+    let mut all: Vec<u8> = events.concat();
+    all.extend_from_slice(b"data: [DONE]\n\n");
+    // Cut at every 7th byte: inside field names, JSON and the blank lines.
+    let pieces: Vec<bytes::Bytes> = all.chunks(7).map(bytes::Bytes::copy_from_slice).collect();
+    let upstream = raw_sse_upstream(pieces).await;
+    let proxy = Proxy::start(ProxyOptions::default(), &upstream).await;
+    let resp = streamed_chat(&proxy.base_url(), "q")
+        .header("x-session-id", "s-split")
+        .send()
+        .await
+        .unwrap();
+    let relayed = resp.bytes().await.unwrap();
+    assert_eq!(relayed.as_ref(), all.as_slice());
+    let stored = proxy.stored_messages("default", "s-split").await;
+    assert_eq!(stored[1]["content"], "Split across reads", "{stored:?}");
+}

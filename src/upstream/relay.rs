@@ -1,6 +1,8 @@
 //! Relaying upstream bodies to the client as they arrive. Managed streams are a tee: a spawned
-//! task reads the upstream, feeds every chunk to the reply accumulator and passes it on at once,
-//! except the chunk that completes the stream's last event (a chat stream's `[DONE]`, a
+//! task reads the upstream, feeds every chunk to the reply accumulator and passes on at once
+//! every event it completes (the part of an event still to come waits for the rest of it, so a
+//! stream that breaks inside an event never leaves the client half an event: see
+//! `PartialEvent`), except the chunk that completes the stream's last event (a chat stream's `[DONE]`, a
 //! Responses stream's `response.completed`), which waits until the reply is stored; it keeps
 //! reading after the client hangs up so the full reply is still stored. A stream fails when the
 //! transport does, when it stalls, when the upstream sends an error event of its own, or when it
@@ -67,10 +69,12 @@ where
         // once, which must find this reply (auto matching, a resent history, its
         // `previous_response_id`) rather than race its write.
         let mut held: Option<Bytes> = None;
-        // Whether what the client has so far ends at an event boundary (a blank line).
-        let mut at_boundary = true;
-        // Bytes of the stream read so far (before the current chunk).
-        let mut read: u64 = 0;
+        // An event not yet whole (the bytes after the last blank line), passed on once its end
+        // comes: a stream that breaks inside an event must not leave the client half of it,
+        // which every SDK fails to parse (a JSON error, not the error event that follows).
+        let mut partial = PartialEvent::default();
+        // Whether the upstream ended its body (rather than the transport breaking or stalling).
+        let mut ended = false;
         // A client may continue from this response before its stream ends (it cancelled the
         // stream, or acts on an event): its `previous_response_id` waits for the write.
         let mut announced = None;
@@ -93,30 +97,23 @@ where
                     {
                         announced = Some(pending.announce_response(id));
                     }
-                    let chunk_start = read;
-                    read += chunk.len() as u64;
                     if acc.saw_done() {
-                        // Only from where the last event begins: what came before it in the
-                        // same read is the answer's and goes on now.
-                        let from = acc.done_at().map_or(0, |at| at.saturating_sub(chunk_start));
-                        let from = usize::try_from(from).unwrap_or(0).min(chunk.len());
-                        if from > 0 && !client_gone {
-                            let before = chunk.slice(..from);
-                            at_boundary =
-                                before.ends_with(b"\n\n") || before.ends_with(b"\r\n\r\n");
-                            if tx.send(Ok(before)).await.is_err() {
-                                client_gone = true;
-                            }
+                        // Only from where the last event begins: what came before it is the
+                        // answer's and goes on now.
+                        let (before, last) = partial.split_off_last(chunk, acc.done_at());
+                        if !before.is_empty() && !client_gone && tx.send(Ok(before)).await.is_err()
+                        {
+                            client_gone = true;
                         }
                         // The answer is whole: it is stored now, whatever the upstream
                         // does with the rest of its body (see `relay_the_rest`).
-                        held = Some(chunk.slice(from..));
+                        held = Some(last);
                         break;
-                    } else {
-                        at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
-                        if !client_gone && tx.send(Ok(chunk)).await.is_err() {
-                            client_gone = true;
-                        }
+                    } else if let Some(whole) = partial.push(chunk)
+                        && !client_gone
+                        && tx.send(Ok(whole)).await.is_err()
+                    {
+                        client_gone = true;
                     }
                 }
                 // A connection that breaks (or stalls) after the whole answer came ends the
@@ -130,7 +127,10 @@ where
                     }
                     break;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    ended = true;
+                    break;
+                }
                 Err(_) => {
                     if !acc.answered() {
                         error = Some(Error::UpstreamTimeout(idle));
@@ -149,13 +149,28 @@ where
         // with a last event held back after it (a `[DONE]` after half an answer). An error the
         // upstream reported itself may be that held event: it goes on.
         let failed = error.is_some() && !reported;
+        // The bytes after the last blank line. Part of an event the stream broke in goes
+        // nowhere (an SSE reader discards it too); anything else the upstream sent goes on: a
+        // last event of a body that ended without its blank line, or a body that was no event
+        // stream at all (an HTML page).
+        let rest = partial.take();
+        let pass_on = !rest.is_empty() && (!is_event_fragment(&rest) || (ended && !failed));
+        if pass_on && !client_gone && tx.send(Ok(rest)).await.is_err() {
+            client_gone = true;
+        }
         if let Some(err) = &error
             && !reported
             && !client_gone
         {
-            // After a body that stopped mid-line (or was no event stream at all, an HTML
-            // page), a blank line first, so that this event is read as one of its own.
-            let lead = if at_boundary { "" } else { "\n\n" };
+            // What the client has ends at an event boundary (an event the break cut is never
+            // passed on), unless the body was no event stream at all (an HTML page, passed on
+            // past `PartialEvent::MAX`): then a blank line first, so that this event is read as
+            // one of its own.
+            let lead = if partial.client_at_boundary() && !pass_on {
+                ""
+            } else {
+                "\n\n"
+            };
             let event = format!("{lead}data: {}\n\n", err.body());
             let _ = tx.send(Ok(Bytes::from(event))).await;
         }
@@ -181,6 +196,109 @@ where
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Body::from_stream(stream)
+}
+
+/// The bytes of an event stream after its last blank line: an event not yet whole, held until
+/// its end comes (the only bytes of a stream the relay holds; a chunk that ends an event goes
+/// on as it is, without a copy).
+#[derive(Default)]
+struct PartialEvent {
+    bytes: bytes::BytesMut,
+    /// Where `bytes` begins in the stream.
+    start: u64,
+    /// Whether what went to the client ends at an event boundary.
+    flushed_mid_event: bool,
+}
+
+impl PartialEvent {
+    /// The most held: past it the body is no event stream the relay could cut into whole
+    /// events (or one event larger than any answer), and it goes on as it comes.
+    const MAX: usize = 16 * 1024 * 1024;
+
+    /// Takes the next chunk; returns what is now whole, to pass on.
+    fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
+        let whole = if self.bytes.is_empty() {
+            let end = after_last_blank_line(&chunk).unwrap_or(0);
+            self.bytes.extend_from_slice(&chunk[end..]);
+            let whole = chunk.slice(..end);
+            self.start += end as u64;
+            whole
+        } else {
+            // A blank line may straddle the two reads: look for it in what is held too.
+            self.bytes.extend_from_slice(&chunk);
+            let end = after_last_blank_line(&self.bytes).unwrap_or(0);
+            self.start += end as u64;
+            self.bytes.split_to(end).freeze()
+        };
+        if self.bytes.len() > Self::MAX {
+            self.flushed_mid_event = true;
+            self.start += self.bytes.len() as u64;
+            let all = self.bytes.split().freeze();
+            return Some(if whole.is_empty() {
+                all
+            } else {
+                [whole, all].concat().into()
+            });
+        }
+        if !whole.is_empty() {
+            self.flushed_mid_event = false;
+        }
+        (!whole.is_empty()).then_some(whole)
+    }
+
+    /// With the chunk in which the stream's last event became whole: what comes before that
+    /// event (`done_at`, from the stream's start), and the event itself with what follows it.
+    fn split_off_last(&mut self, chunk: Bytes, done_at: Option<u64>) -> (Bytes, Bytes) {
+        let all: Bytes = if self.bytes.is_empty() {
+            chunk
+        } else {
+            self.bytes.extend_from_slice(&chunk);
+            self.bytes.split().freeze()
+        };
+        let from = done_at.map_or(0, |at| at.saturating_sub(self.start));
+        let from = usize::try_from(from).unwrap_or(0).min(all.len());
+        self.start += from as u64;
+        (all.slice(..from), all.slice(from..))
+    }
+
+    /// What is held, handed over (the stream ended).
+    fn take(&mut self) -> Bytes {
+        self.start += self.bytes.len() as u64;
+        self.bytes.split().freeze()
+    }
+
+    /// Whether what the client has so far ends at an event boundary.
+    fn client_at_boundary(&self) -> bool {
+        !self.flushed_mid_event
+    }
+}
+
+/// Whether `bytes` (what follows a stream's last blank line) begin an SSE event: a line of one
+/// of its fields, or a comment.
+fn is_event_fragment(bytes: &[u8]) -> bool {
+    // (A line end left over from a blank line split between two reads, `\r` | `\n`, first.)
+    let start = bytes.iter().position(|b| !matches!(b, b'\r' | b'\n'));
+    let line = start.map_or(&[][..], |at| &bytes[at..]);
+    [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
+        .iter()
+        .any(|field| line.starts_with(field))
+}
+
+/// Where the last blank line of `buf` ends (an SSE event ends at one: two line ends in a row,
+/// each `\n`, `\r\n` or `\r`), if it has one.
+fn after_last_blank_line(buf: &[u8]) -> Option<usize> {
+    let mut i = buf.len();
+    while i >= 2 {
+        let (a, b) = (buf[i - 2], buf[i - 1]);
+        if (a == b'\n' && b == b'\n') || (a == b'\r' && b == b'\r') {
+            return Some(i);
+        }
+        if a == b'\r' && b == b'\n' && i >= 3 && buf[i - 3] == b'\n' {
+            return Some(i);
+        }
+        i -= 1;
+    }
+    None
 }
 
 /// How long the upstream may keep a stream open after its last event, in all.
@@ -252,4 +370,35 @@ pub fn passthrough(
             )),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blank_lines_end_events_whatever_their_line_ends() {
+        assert_eq!(after_last_blank_line(b"data: 1\n\ndata: 2"), Some(9));
+        assert_eq!(after_last_blank_line(b"data: 1\r\n\r\n"), Some(11));
+        assert_eq!(after_last_blank_line(b"data: 1\r\rdata"), Some(9));
+        assert_eq!(after_last_blank_line(b"data: 1\ndata: 2\n"), None);
+        assert_eq!(after_last_blank_line(b"\n"), None);
+    }
+
+    #[test]
+    fn only_what_is_whole_goes_on_and_a_split_blank_line_is_found() {
+        let mut p = PartialEvent::default();
+        assert_eq!(
+            p.push(Bytes::from_static(b"data: 1\n\ndata: 2\n")),
+            Some(Bytes::from_static(b"data: 1\n\n"))
+        );
+        assert_eq!(
+            p.push(Bytes::from_static(b"\ndata: 3")),
+            Some(Bytes::from_static(b"data: 2\n\n"))
+        );
+        assert!(is_event_fragment(&p.take()));
+        assert!(p.client_at_boundary());
+        assert!(!is_event_fragment(b"<html>"));
+        assert!(is_event_fragment(b"\n: ping"));
+    }
 }
