@@ -1138,3 +1138,68 @@ async fn items_sent_by_reference_keep_their_outputs_and_reasoning_goes_with_its_
         ])
     );
 }
+
+/// Posts a Responses request in `conversation` with `key`; the status and session.
+async fn in_conversation(
+    proxy: &Proxy,
+    key: &str,
+    conversation: &str,
+    text: &str,
+) -> (u16, String) {
+    let resp = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth(key)
+        .json(&json!({"model": "m", "conversation": conversation, "input": text}))
+        .send()
+        .await
+        .unwrap();
+    let session = resp.headers()["x-ctxproxy-session"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    (resp.status().as_u16(), session)
+}
+
+/// The final re-check's cases: first turns of one new conversation sent at once make one
+/// session; two keys in one conversation each keep their own session; a first turn that failed
+/// is retried in its own session, not a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_conversation_is_one_session_per_key_whatever_the_timing() {
+    use ctxproxy::mock_upstream::ScriptEntry;
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (a, b, c) = tokio::join!(
+        in_conversation(&proxy, "sk-a", "conv_at_once", "one"),
+        in_conversation(&proxy, "sk-a", "conv_at_once", "two"),
+        in_conversation(&proxy, "sk-a", "conv_at_once", "three"),
+    );
+    assert_eq!((a.1 == b.1, b.1 == c.1), (true, true), "{a:?} {b:?} {c:?}");
+    assert_eq!(stored(&proxy, &a.1).await.len(), 6);
+
+    let mut sessions = std::collections::HashMap::new();
+    for key in ["sk-1", "sk-2", "sk-1", "sk-2", "sk-1"] {
+        let (_, session) = in_conversation(&proxy, key, "conv_two_keys", key).await;
+        assert_eq!(
+            *sessions.entry(key).or_insert(session.clone()),
+            session,
+            "{key}"
+        );
+    }
+    assert_ne!(sessions["sk-1"], sessions["sk-2"]);
+
+    mock.set_script(vec![ScriptEntry {
+        matches: "first try".into(),
+        status: 500,
+        content: "overloaded".into(),
+    }]);
+    let (status, failed) = in_conversation(&proxy, "sk-a", "conv_retried", "first try").await;
+    assert_eq!(status, 500);
+    mock.set_script(Vec::new());
+    let (status, retried) = in_conversation(&proxy, "sk-a", "conv_retried", "first try").await;
+    assert_eq!((status, &retried), (200, &failed));
+    let kept = stored(&proxy, &failed).await;
+    assert_eq!(
+        kept.len(),
+        2,
+        "the retried turn once, and its reply: {kept:?}"
+    );
+}

@@ -1208,3 +1208,52 @@ async fn summarise_around_large_messages(policy: &str) {
         );
     }
 }
+
+/// The final re-check's case (SPEC 5.2): a summary model that writes far more than it is asked
+/// for. Its long summary is kept (it still stands in for more), but the next summariser call
+/// reads it shortened, within the transcript's half of the window, rather than past the
+/// model's window on every later call.
+#[tokio::test]
+async fn a_long_previous_summary_is_read_shortened_by_the_next_one() {
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\npolicy:\n  summary: { model: summ-tiny, \
+                  trigger_tokens: 2000, target_tokens: 1000, min_messages: 6, blocking: true }\n";
+    let opts = ProxyOptions {
+        server_extra:
+            "models:\n  \"summ-tiny*\": { context_window: 3000, encoding: approximate }\n".into(),
+        ..ProxyOptions::default().only_tenant("default", tenant)
+    };
+    let (proxy, mock) = proxy_and_mock(opts).await;
+    script(&mock, 200, &"verbose fact ".repeat(800)); // ~2,600 tokens
+    let document = "lorem ipsum dolor sit amet ".repeat(540); // ~3,600 tokens
+    let mut history = vec![system()];
+    for n in 0..12 {
+        history.push(json!({"role": "user", "content": format!("doc {n}: {document}")}));
+        let (reply, _) = turn(&proxy, "verbose", &history).await;
+        history.push(reply);
+        let made = mock
+            .requests()
+            .into_iter()
+            .filter(is_summary_request)
+            .count();
+        if made >= 3 {
+            break;
+        }
+    }
+    let inputs: Vec<String> = mock
+        .requests()
+        .iter()
+        .filter(|r| is_summary_request(r))
+        .map(summary_input)
+        .collect();
+    assert!(inputs.len() >= 2, "{} summaries", inputs.len());
+    for input in &inputs {
+        assert!(
+            input.len() / 4 <= 1500,
+            "{} tokens: {input}",
+            input.len() / 4
+        );
+    }
+    let previous = inputs[1].split("New messages:").next().unwrap();
+    assert!(previous.contains("verbose fact"), "{previous}");
+    assert!(previous.contains("tokens omitted]"), "{previous}");
+}

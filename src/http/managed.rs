@@ -522,12 +522,23 @@ async fn prepare(
     let conversation = match &previous {
         None => call
             .upstream_conversation_id()
-            .map(crate::store::conversation_key),
+            .map(|id| crate::store::conversation_key(id, scope.key_hash.as_deref())),
         Some(_) => None,
     };
-    let conversation_session = match &conversation {
+    // Taken before the lookup and held until this turn is stored: the conversation's turns in
+    // this process go one after another, so two first turns at once make one session.
+    let conversation = match conversation {
         Some(key) => {
-            let _ = tokio::time::timeout(wait, state.pending.settle(&[], Some(key))).await;
+            match tokio::time::timeout(wait, state.pending.claim_response(&key)).await {
+                Ok(claimed) => Some((key, Some(claimed))),
+                // Held past the tenant's timeout: looked up as it stands.
+                Err(_) => Some((key, None)),
+            }
+        }
+        None => None,
+    };
+    let conversation_session = match &conversation {
+        Some((key, _)) => {
             let found = store.find_response(&tenant.name, key).await?;
             found
                 .filter(|f| f.belongs_to(scope.key_hash.as_deref()))
@@ -603,10 +614,6 @@ async fn prepare(
         Some(_) => HistoryMode::Server,
         None => mode,
     };
-    let conversation = conversation.map(|key| {
-        let announced = state.pending.announce_response(&key);
-        (key, announced)
-    });
     let base =
         session::history::stored_base(storage, resolved.anchor.map(session::history::Base::At));
     let t = Instant::now();

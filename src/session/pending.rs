@@ -110,6 +110,33 @@ impl PendingReplies {
         }
     }
 
+    /// Announces `key` once no one else in this process has it announced, the check and the
+    /// announcement one step: requests that take it go one after another, each from before it
+    /// looks the key up until its own turn is stored. An upstream conversation's turns take
+    /// its key, so that two first turns at once do not both find no session and make two.
+    pub async fn claim_response(self: &Arc<Self>, key: &str) -> AnnouncedResponse {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            // Registered before checking, so a release in between still wakes us.
+            done.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if !inner.responses.contains_key(key) {
+                    inner.responses.insert(key.to_string(), 1);
+                    return AnnouncedResponse {
+                        owner: self.clone(),
+                        response: key.to_string(),
+                    };
+                }
+            }
+            if let Some(hurry) = &self.hurry {
+                hurry();
+            }
+            done.await;
+        }
+    }
+
     /// Waits until no reply that `ids` (an incoming conversation's chained ids) or `response`
     /// (a `previous_response_id`) refers to is still being written.
     pub async fn settle(&self, ids: &[MessageId], response: Option<&str>) {
@@ -220,6 +247,21 @@ mod tests {
 
     fn id(n: u8) -> MessageId {
         MessageId([n; 32])
+    }
+
+    #[tokio::test]
+    async fn a_claimed_key_is_taken_by_one_at_a_time() {
+        let pending = Arc::new(PendingReplies::default());
+        let first = pending.claim_response("conversation:k:c").await;
+        let second = {
+            let pending = pending.clone();
+            tokio::spawn(async move { pending.claim_response("conversation:k:c").await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!second.is_finished(), "taken while the first holds it");
+        let _other = pending.claim_response("conversation:k:d").await;
+        drop(first);
+        let _second = second.await.unwrap();
     }
 
     #[tokio::test]

@@ -246,19 +246,20 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
                 .await;
             parts.tried("record the response id", recorded);
         }
-        if let (Some(key), Some(head)) = (&close.conversation, record.head) {
-            let recorded = store
-                .record_response(
-                    &record.tenant,
-                    key,
-                    &record.session,
-                    head,
-                    None,
-                    close.key_hash.as_deref(),
-                )
-                .await;
-            parts.tried("record the conversation", recorded);
-        }
+    }
+    // Also for a turn that got no answer: its retry finds the session it is stored in.
+    if let (Some(key), Some(head)) = (&close.conversation, record.head) {
+        let recorded = store
+            .record_response(
+                &record.tenant,
+                key,
+                &record.session,
+                head,
+                None,
+                close.key_hash.as_deref(),
+            )
+            .await;
+        parts.tried("record the conversation", recorded);
     }
     let inserted = store.insert_request(&record).await;
     // Without its record the turn is not closed: the lease stays for the close to be tried again.

@@ -294,10 +294,14 @@ pub struct Summary {
 }
 
 /// The key under which the session an upstream `conversation` continues is recorded beside
-/// response ids (a prefix no response id has): the Responses API's `conversation` names the
-/// session of its last turn as `previous_response_id` names its response's.
-pub fn conversation_key(conversation_id: &str) -> String {
-    format!("conversation:{conversation_id}")
+/// response ids (a prefix no response id has), per client key (`key_hash`, hex; `None`: no
+/// key): the Responses API's `conversation` names the session of its last turn for that key,
+/// as `previous_response_id` names its response's.
+pub fn conversation_key(conversation_id: &str, key_hash: Option<&str>) -> String {
+    format!(
+        "conversation:{}:{conversation_id}",
+        key_hash.unwrap_or_default()
+    )
 }
 
 /// Where a Responses API response id points.

@@ -256,7 +256,10 @@ pub async fn prepare(
         request::tool_tokens(&tenant.policy),
         request::message_tokens(cap),
     );
-    let plan = fit::fit_plan(plan, &entries, cap, |e| {
+    // The previous summary goes in too (shortened past its own limit): the messages get the
+    // rest.
+    let previous_cost = previous_tokens.min(request::previous_summary_tokens(message_tokens));
+    let plan = fit::fit_plan(plan, &entries, cap.saturating_sub(previous_cost), |e| {
         request::transcript_cost(e.message, e.tokens, tool_tokens, message_tokens)
     });
     let Some(&anchor) = ids.get(plan.until) else {

@@ -44,6 +44,13 @@ pub fn message_tokens(cap: u64) -> u64 {
     (cap / 4).max(DEFAULT_TOOL_TOKENS)
 }
 
+/// The most the previous summary takes of a transcript whose other messages are held to
+/// `message_tokens`: twice that (half the input). A summary model that wrote far more than it
+/// was asked for must not crowd every later summariser call past its window.
+pub fn previous_summary_tokens(message_tokens: u64) -> u64 {
+    message_tokens.saturating_mul(2)
+}
+
 /// What one message costs at most in a transcript whose tool results and call arguments are
 /// cut to `tool_tokens` and other text to `message_tokens` (the lower of the two bounds tool
 /// results and arguments too: a tenant's large `compress_tool_output` limit must not let one
@@ -87,8 +94,10 @@ impl SummaryRequest<'_> {
         );
         match self.previous {
             Some(p) => {
+                let limit = previous_summary_tokens(self.message_tokens);
+                let shortened = compress(self.encoding, p, limit);
                 task.push_str("Previous summary:\n");
-                task.push_str(p);
+                task.push_str(shortened.as_deref().unwrap_or(p));
                 task.push_str("\n\n");
             }
             None => task.push_str("Previous summary: none.\n\n"),

@@ -88,7 +88,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
             response_id: Some("resp_turn".into()),
             upstream_root: Some("resp_upstream_only".into()),
             key_hash: Some("k-turn".into()),
-            conversation: Some(conversation_key("conv_turn")),
+            conversation: Some(conversation_key("conv_turn", Some("k-turn"))),
             record: record("turn", last),
             lease: Some(opened.lease),
             awaited: false,
@@ -126,7 +126,7 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
     // The upstream conversation the request continued names this session and its head, for
     // the conversation's next turn, with the key that made it.
     let conversation = s
-        .find_response("t", &conversation_key("conv_turn"))
+        .find_response("t", &conversation_key("conv_turn", Some("k-turn")))
         .await
         .unwrap()
         .unwrap();

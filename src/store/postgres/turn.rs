@@ -82,11 +82,13 @@ impl PostgresStore {
                 let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());
                 records::record_response(&mut tx, tenant, id, session, head, root, key).await?;
             }
-            if let (Some(conversation), Some(head)) = (&close.conversation, record.head) {
-                let key = close.key_hash.as_deref();
-                records::record_response(&mut tx, tenant, conversation, session, head, None, key)
-                    .await?;
-            }
+        }
+        // Also for a turn that got no answer: its retry finds the session it is stored in.
+        if let (Some(conversation), Some(head)) = (&close.conversation, record.head) {
+            let (tenant, session) = (&record.tenant, &record.session);
+            let key = close.key_hash.as_deref();
+            records::record_response(&mut tx, tenant, conversation, session, head, None, key)
+                .await?;
         }
         records::insert_request(&mut tx, &record).await?;
         tx.commit().await?;

@@ -133,20 +133,14 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
             });
             parts.tried("record the response id", recorded);
         }
-        if let (Some(key), Some(head)) = (conversation, head) {
-            let recorded = part(conn, || {
-                records::record_response(
-                    conn,
-                    tenant,
-                    key,
-                    session,
-                    head,
-                    None,
-                    key_hash.as_deref(),
-                )
-            });
-            parts.tried("record the conversation", recorded);
-        }
+    }
+    // Also for a turn that got no answer: its retry finds the session it is stored in.
+    if let (Some(key), Some(head)) = (conversation, head) {
+        let (tenant, session) = (&record.tenant, &record.session);
+        let recorded = part(conn, || {
+            records::record_response(conn, tenant, key, session, head, None, key_hash.as_deref())
+        });
+        parts.tried("record the conversation", recorded);
     }
     let inserted = part(conn, || records::insert_request_row(conn, record, head));
     // Without its record the turn is not closed: the lease stays for the close to be tried again.
