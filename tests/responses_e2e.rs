@@ -1203,3 +1203,50 @@ async fn an_upstream_conversation_is_one_session_per_key_whatever_the_timing() {
         "the retried turn once, and its reply: {kept:?}"
     );
 }
+
+/// The framework audit's case (the Vercel AI SDK with `store`, its default): earlier replies
+/// come back as `item_reference`s. Those to reply items the proxy stored, for the same key,
+/// are the items themselves: the conversation matches its session (auto matching), nothing is
+/// stored twice, and the upstream gets the items (a provider without stored state can read
+/// them). Another key's reference stays a reference.
+#[tokio::test]
+async fn references_to_stored_replies_are_the_replies() {
+    let (proxy, mock) = proxy_and_mock(ProxyOptions::default()).await;
+    let (first, session) = respond(&proxy, &json!({"model": "m", "input": "hi"})).await;
+    let reply = output(&first)[0].clone();
+    let reply_id = reply["id"].as_str().unwrap().to_string();
+    let input = json!([
+        {"role": "user", "content": "hi"},
+        {"type": "item_reference", "id": reply_id},
+        {"role": "user", "content": "again"},
+    ]);
+    let before = mock.requests().len();
+    let (_, again) = respond(&proxy, &json!({"model": "m", "input": input})).await;
+    assert_eq!(again, session, "the conversation continues its session");
+    let sent = mock.requests()[before].body_json().unwrap();
+    assert_eq!(sent["input"][1], reply, "{sent}");
+    let kept = stored(&proxy, &session).await;
+    assert_eq!(kept.len(), 4, "{kept:?}");
+    assert_eq!(kept[1], reply);
+
+    // The preview resolves it alike.
+    let (status, previewed) =
+        preview(&proxy, "sk-test", &json!({"model": "m", "input": input})).await;
+    assert_eq!(status, 200);
+    assert_eq!(previewed["input"][1], reply);
+
+    // Another client's key: its reference is not this client's reply.
+    let other = client()
+        .post(format!("{}/responses", proxy.base_url()))
+        .bearer_auth("sk-other")
+        .json(&json!({"model": "m", "input": input}))
+        .send()
+        .await
+        .unwrap();
+    assert_ne!(
+        other.headers()["x-ctxproxy-session"].to_str().unwrap(),
+        session
+    );
+    let sent = mock.requests().last().unwrap().body_json().unwrap();
+    assert_eq!(sent["input"][1], input[1]);
+}

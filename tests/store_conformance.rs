@@ -114,6 +114,7 @@ conformance!(
     turns::a_failing_reply_still_leaves_the_record_and_frees_the_lease,
     turns::a_close_nothing_of_which_was_stored_is_handed_back,
     turns::a_close_whose_record_failed_is_handed_back_and_done_again_once,
+    turns::reply_items_are_found_by_their_id_for_their_key,
 );
 
 /// A chat message with the given role and text.

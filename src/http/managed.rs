@@ -485,9 +485,15 @@ async fn prepare(
         user: call.user().map(str::to_string),
     };
     let Taken {
-        wire: incoming,
+        wire: mut incoming,
         typed,
     } = call.take_conversation()?;
+    // (Not where the upstream holds the conversation: it holds those items, and sent again
+    // they would be duplicates.)
+    if typed.is_none() && !call.upstream_holds_history() {
+        let key = scope.key_hash.as_deref();
+        session::references::resolve_references(store, &tenant.name, key, &mut incoming).await?;
+    }
     check_not_empty(&incoming, typed.is_some(), mode)?;
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
     // How long this request waits for others on its session, whatever it waits on.

@@ -55,9 +55,19 @@ async fn preview(
     let cut = rewrite::cut_tools(&state, &selected, &headers, &mut call)?;
     let mode = history_mode(&headers, &tenant)?;
     let Taken {
-        wire: incoming,
+        wire: mut incoming,
         typed,
     } = call.take_conversation()?;
+    if typed.is_none() && !call.upstream_holds_history() {
+        let key = super::managed::client_key_hash(&headers);
+        crate::session::references::resolve_references(
+            state.store.as_ref(),
+            &tenant.name,
+            key.as_deref(),
+            &mut incoming,
+        )
+        .await?;
+    }
     check_not_empty(&incoming, typed.is_some(), mode)?;
 
     // Only a session the client names is read; a preview never creates or guesses one.

@@ -61,6 +61,11 @@ pub(crate) const SQLITE: &[Migration] = &[
         description: "claims on a session's next turn",
         sql: include_str!("../../migrations/sqlite/0008_session_lease_claim.sql"),
     },
+    Migration {
+        version: 9,
+        description: "Responses reply items by their id",
+        sql: include_str!("../../migrations/sqlite/0009_reply_items.sql"),
+    },
 ];
 
 /// `migrations/postgres/`, in order.
@@ -104,6 +109,11 @@ pub(crate) const POSTGRES: &[Migration] = &[
         version: 8,
         description: "claims on a session's next turn",
         sql: include_str!("../../migrations/postgres/0008_session_lease_claim.sql"),
+    },
+    Migration {
+        version: 9,
+        description: "Responses reply items by their id",
+        sql: include_str!("../../migrations/postgres/0009_reply_items.sql"),
     },
 ];
 

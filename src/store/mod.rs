@@ -29,11 +29,12 @@ pub use turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened};
 pub use types::{
     Appended, Branch, DEFAULT_LOCK_WAIT, Lease, NewMessage, NewRequestRecord, NewSummary, Origin,
     PrefixMatch, RequestRecord, ResponseRef, Scope, Session, SessionDetail, SessionPage,
-    SessionQuery, StoredMessage, Summary, conversation_key,
+    SessionQuery, StoredMessage, Summary, conversation_key, reply_item_ids,
 };
 
 use crate::conversation::MessageId;
 use crate::{Error, Result};
+use serde_json::Value;
 
 /// Opens the store named by `url`: `sqlite://path?mode=rwc` (file and parent directory are
 /// created; WAL, `synchronous=NORMAL`, a busy timeout and foreign keys are switched on) or
@@ -267,6 +268,25 @@ pub trait Store: Send + Sync {
 
     /// Looks a response id up within the tenant.
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>>;
+
+    /// Records the reply items among `messages` (stored in `session`) that have an id of their
+    /// own, for the client key hashed as `key_hash` (see [`reply_item_ids`]).
+    async fn record_reply_items(
+        &self,
+        tenant: &str,
+        session: &str,
+        key_hash: Option<&str>,
+        messages: &[NewMessage],
+    ) -> Result<()>;
+
+    /// The stored items that `item_ids` name (reply items recorded for the client key hashed as
+    /// `key_hash`), each with its id; ids not found are left out.
+    async fn find_reply_items(
+        &self,
+        tenant: &str,
+        key_hash: Option<&str>,
+        item_ids: &[String],
+    ) -> Result<Vec<(String, Value)>>;
 
     /// The most recently stored reply of `session` (origin `reply`), on whatever branch.
     async fn latest_reply(&self, tenant: &str, session: &str) -> Result<Option<MessageId>>;

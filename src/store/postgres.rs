@@ -477,6 +477,7 @@ impl Store for PostgresStore {
         let mut tx = self.pool.begin().await?;
         for sql in [
             "DELETE FROM responses WHERE tenant = $1 AND session_id = $2",
+            "DELETE FROM reply_items WHERE tenant = $1 AND session_id = $2",
             "DELETE FROM summaries WHERE tenant = $1 AND session_id = $2",
             "DELETE FROM requests WHERE tenant = $1 AND session_id = $2",
             "DELETE FROM messages WHERE tenant = $1 AND session_id = $2",
@@ -582,6 +583,26 @@ impl Store for PostgresStore {
         .fetch_optional(&self.pool)
         .await?;
         Ok(root.map(|(r,)| r))
+    }
+
+    async fn record_reply_items(
+        &self,
+        tenant: &str,
+        session: &str,
+        key_hash: Option<&str>,
+        messages: &[NewMessage],
+    ) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        records::record_reply_items(&mut conn, tenant, session, key_hash, messages).await
+    }
+
+    async fn find_reply_items(
+        &self,
+        tenant: &str,
+        key_hash: Option<&str>,
+        item_ids: &[String],
+    ) -> Result<Vec<(String, serde_json::Value)>> {
+        records::find_reply_items(&self.pool, tenant, key_hash, item_ids).await
     }
 
     async fn find_response(&self, tenant: &str, response_id: &str) -> Result<Option<ResponseRef>> {

@@ -346,6 +346,7 @@ fn delete_everything(conn: &Connection, tenant: &str, session: &str) -> Result<b
     // without `foreign_keys` must not leave orphans behind.
     for sql in [
         "DELETE FROM responses WHERE tenant = ? AND session_id = ?",
+        "DELETE FROM reply_items WHERE tenant = ? AND session_id = ?",
         "DELETE FROM summaries WHERE tenant = ? AND session_id = ?",
         "DELETE FROM requests WHERE tenant = ? AND session_id = ?",
         "DELETE FROM messages WHERE tenant = ? AND session_id = ?",
@@ -665,6 +666,39 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 let (root, key) = (root.as_deref(), key_hash.as_deref());
                 records::record_response(conn, &tenant, &response_id, &session, message, root, key)
+            })
+            .await
+    }
+
+    async fn record_reply_items(
+        &self,
+        tenant: &str,
+        session: &str,
+        key_hash: Option<&str>,
+        messages: &[NewMessage],
+    ) -> Result<()> {
+        let (tenant, session) = owned(tenant, session);
+        let key_hash = key_hash.map(str::to_string);
+        let messages = messages.to_vec();
+        self.threads
+            .write(move |conn| {
+                records::record_reply_items(conn, &tenant, &session, key_hash.as_deref(), &messages)
+            })
+            .await
+    }
+
+    async fn find_reply_items(
+        &self,
+        tenant: &str,
+        key_hash: Option<&str>,
+        item_ids: &[String],
+    ) -> Result<Vec<(String, serde_json::Value)>> {
+        let tenant = tenant.to_string();
+        let key_hash = key_hash.map(str::to_string);
+        let item_ids = item_ids.to_vec();
+        self.threads
+            .read(move |conn| {
+                records::find_reply_items(conn, &tenant, key_hash.as_deref(), &item_ids)
             })
             .await
     }

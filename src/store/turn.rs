@@ -238,6 +238,11 @@ pub(crate) async fn close_by_parts<S: Store + ?Sized>(store: &S, close: TurnClos
             .await;
         if parts.tried("store the reply", stored).is_some() {
             record.head = reply.messages.last().map(|m| m.id);
+            let key = close.key_hash.as_deref();
+            let recorded = store
+                .record_reply_items(tenant, session, key, &reply.messages)
+                .await;
+            parts.tried("record the reply items", recorded);
         }
         if let (Some(id), Some(head)) = (&close.response_id, record.head) {
             let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());

@@ -304,6 +304,16 @@ pub fn conversation_key(conversation_id: &str, key_hash: Option<&str>) -> String
     )
 }
 
+/// The Responses reply items among `messages` that have an id of their own (`msg_…`, `fc_…`,
+/// `rs_…`), with the message each is: what an `item_reference` may name.
+pub fn reply_item_ids(messages: &[NewMessage]) -> impl Iterator<Item = (&str, MessageId)> {
+    messages.iter().filter_map(|m| {
+        let id = m.body.get("id")?.as_str()?;
+        m.body.get("type")?.as_str()?;
+        Some((id, m.id))
+    })
+}
+
 /// Where a Responses API response id points.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseRef {

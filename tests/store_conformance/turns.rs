@@ -381,3 +381,74 @@ pub async fn a_close_whose_record_failed_is_handed_back_and_done_again_once(fx: 
     assert_eq!(records[0].head, branch.last().map(|m| m.id));
     assert!(lease_is_free(s, "record-refused").await);
 }
+
+/// A turn's reply items that have an id of their own (Responses output items) are found by
+/// that id, for the key that made them, as they are stored; a chat reply has none; a deleted
+/// session's are gone.
+pub async fn reply_items_are_found_by_their_id_for_their_key(fx: &Fixture) {
+    let s = fx.store.as_ref();
+    let request = chain(None, &[msg("user", "hi")], Origin::Client);
+    let last = request.messages.last().map(|m| m.id);
+    let opened = s
+        .open_turn(open("items", Some(request), LONG))
+        .await
+        .unwrap();
+    let item = serde_json::json!({"type": "message", "id": "msg_conf", "role": "assistant",
+        "content": [{"type": "output_text", "text": "hello", "annotations": []}]});
+    let call = serde_json::json!({"type": "function_call", "id": "fc_conf", "call_id": "c1",
+        "name": "f", "arguments": "{}"});
+    let reply = chain(
+        last,
+        &[item.clone(), call.clone(), msg("assistant", "chat")],
+        Origin::Reply,
+    );
+    let closed = s
+        .close_turn(TurnClose {
+            reply: Some(reply),
+            response_id: None,
+            upstream_root: None,
+            key_hash: Some("k-items".into()),
+            conversation: None,
+            record: record("items", last),
+            lease: Some(opened.lease),
+            awaited: false,
+        })
+        .await;
+    assert!(closed.failures.is_empty(), "{:?}", closed.failures);
+    let ids = [
+        "msg_conf".to_string(),
+        "fc_conf".to_string(),
+        "msg_none".to_string(),
+    ];
+    let mut found = s
+        .find_reply_items("t", Some("k-items"), &ids)
+        .await
+        .unwrap();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        found,
+        vec![
+            ("fc_conf".to_string(), call),
+            ("msg_conf".to_string(), item)
+        ]
+    );
+    assert!(
+        s.find_reply_items("t", Some("k-other"), &ids)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        s.find_reply_items("u", Some("k-items"), &ids)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(s.delete_session("t", "items").await.unwrap());
+    assert!(
+        s.find_reply_items("t", Some("k-items"), &ids)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

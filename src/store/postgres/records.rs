@@ -89,6 +89,62 @@ pub(super) async fn record_response(
     Ok(())
 }
 
+/// Records the reply items of `messages` that have an id of their own (Responses output
+/// items), for `item_reference`s to them (see `Store::find_reply_items`).
+pub(super) async fn record_reply_items(
+    conn: &mut PgConnection,
+    tenant: &str,
+    session: &str,
+    key_hash: Option<&str>,
+    messages: &[NewMessage],
+) -> Result<()> {
+    for (item_id, message) in crate::store::reply_item_ids(messages) {
+        sqlx::query(
+            "INSERT INTO reply_items (tenant, item_id, key_hash, session_id, message_id) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, item_id, key_hash) DO UPDATE SET \
+             session_id = EXCLUDED.session_id, message_id = EXCLUDED.message_id",
+        )
+        .bind(tenant)
+        .bind(super::text::text(item_id))
+        .bind(key_hash.unwrap_or_default())
+        .bind(session)
+        .bind(message.0.to_vec())
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The stored bodies of the reply items `item_ids` names, for `key_hash`.
+pub(super) async fn find_reply_items(
+    pool: &PgPool,
+    tenant: &str,
+    key_hash: Option<&str>,
+    item_ids: &[String],
+) -> Result<Vec<(String, Value)>> {
+    let ids: Vec<String> = item_ids
+        .iter()
+        .map(|id| super::text::text(id).into_owned())
+        .collect();
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT r.item_id, m.body::text FROM reply_items r JOIN messages m \
+         ON m.tenant = r.tenant AND m.session_id = r.session_id AND m.id = r.message_id \
+         WHERE r.tenant = $1 AND r.key_hash = $2 AND r.item_id = ANY($3)",
+    )
+    .bind(tenant)
+    .bind(key_hash.unwrap_or_default())
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|(id, body)| {
+            serde_json::from_str(&body)
+                .map(|body| (id, body))
+                .map_err(|e| Error::Internal(format!("stored message JSON: {e}")))
+        })
+        .collect()
+}
+
 pub(super) async fn list_requests(
     pool: &PgPool,
     tenant: &str,

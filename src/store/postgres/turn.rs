@@ -78,6 +78,8 @@ impl PostgresStore {
             let (tenant, session) = (&record.tenant, &record.session);
             tree::append_in(&mut tx, tenant, session, reply.parent, &reply.messages).await?;
             record.head = reply.messages.last().map(|m| m.id);
+            let key = close.key_hash.as_deref();
+            records::record_reply_items(&mut tx, tenant, session, key, &reply.messages).await?;
             if let (Some(id), Some(head)) = (&close.response_id, record.head) {
                 let (root, key) = (close.upstream_root.as_deref(), close.key_hash.as_deref());
                 records::record_response(&mut tx, tenant, id, session, head, root, key).await?;

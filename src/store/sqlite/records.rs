@@ -97,6 +97,61 @@ pub(super) fn record_response(
     Ok(())
 }
 
+/// Records the reply items of `messages` that have an id of their own (Responses output
+/// items), for `item_reference`s to them (see `Store::find_reply_items`).
+pub(super) fn record_reply_items(
+    conn: &Connection,
+    tenant: &str,
+    session: &str,
+    key_hash: Option<&str>,
+    messages: &[crate::store::NewMessage],
+) -> Result<()> {
+    for (item_id, message) in crate::store::reply_item_ids(messages) {
+        conn.prepare_cached(
+            "INSERT INTO reply_items (tenant, item_id, key_hash, session_id, message_id) \
+             VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant, item_id, key_hash) DO UPDATE SET \
+             session_id = excluded.session_id, message_id = excluded.message_id",
+        )?
+        .execute(params![
+            tenant,
+            item_id,
+            key_hash.unwrap_or_default(),
+            session,
+            message.0
+        ])?;
+    }
+    Ok(())
+}
+
+/// The stored bodies of the reply items `item_ids` names, for `key_hash`.
+pub(super) fn find_reply_items(
+    conn: &Connection,
+    tenant: &str,
+    key_hash: Option<&str>,
+    item_ids: &[String],
+) -> Result<Vec<(String, Value)>> {
+    let mut found = Vec::new();
+    let mut statement = conn.prepare_cached(
+        "SELECT m.body FROM reply_items r JOIN messages m \
+         ON m.tenant = r.tenant AND m.session_id = r.session_id AND m.id = r.message_id \
+         WHERE r.tenant = ? AND r.item_id = ? AND r.key_hash = ?",
+    )?;
+    for item_id in item_ids {
+        let body: Option<String> = statement
+            .query_row(
+                params![tenant, item_id, key_hash.unwrap_or_default()],
+                |row| row.get(0),
+            )
+            .optional()?;
+        if let Some(body) = body {
+            let body = serde_json::from_str(&body)
+                .map_err(|e| Error::Internal(format!("stored message JSON: {e}")))?;
+            found.push((item_id.clone(), body));
+        }
+    }
+    Ok(found)
+}
+
 pub(super) fn list_requests(
     conn: &Connection,
     tenant: &str,

@@ -125,6 +125,11 @@ fn close_in(conn: &Connection, close: &TurnClose) -> Result<CloseParts> {
         });
         if parts.tried("store the reply", stored).is_some() {
             head = reply.messages.last().map(|m| m.id);
+            let key = key_hash.as_deref();
+            let recorded = part(conn, || {
+                records::record_reply_items(conn, tenant, session, key, &reply.messages)
+            });
+            parts.tried("record the reply items", recorded);
         }
         if let (Some(id), Some(head)) = (response_id, head) {
             let (root, key) = (upstream_root.as_deref(), key_hash.as_deref());
