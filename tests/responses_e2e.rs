@@ -1229,6 +1229,32 @@ async fn references_to_stored_replies_are_the_replies() {
     assert_eq!(kept.len(), 4, "{kept:?}");
     assert_eq!(kept[1], reply);
 
+    // Turn after turn, each sent the moment the last answer came (its reply may still be being
+    // written): every reference is resolved, and the session stays one branch.
+    let mut items = kept.clone();
+    for n in 0..10 {
+        let replies: Vec<Value> = items
+            .iter()
+            .map(|i| match i["id"].as_str() {
+                Some(id) => json!({"type": "item_reference", "id": id}),
+                None => i.clone(),
+            })
+            .collect();
+        let mut input = replies;
+        input.push(json!({"role": "user", "content": format!("turn {n}")}));
+        let before = mock.requests().len();
+        let (answer, s) = respond(&proxy, &json!({"model": "m", "input": input})).await;
+        assert_eq!(s, session, "turn {n}");
+        let sent = mock.requests()[before].body_json().unwrap();
+        assert!(
+            !sent.to_string().contains("item_reference"),
+            "turn {n}: {sent}"
+        );
+        items.push(json!({"role": "user", "content": format!("turn {n}")}));
+        items.extend(output(&answer));
+    }
+    assert_eq!(stored(&proxy, &session).await, items);
+
     // The preview resolves it alike.
     let (status, previewed) =
         preview(&proxy, "sk-test", &json!({"model": "m", "input": input})).await;

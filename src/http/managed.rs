@@ -490,7 +490,14 @@ async fn prepare(
     } = call.take_conversation()?;
     // (Not where the upstream holds the conversation: it holds those items, and sent again
     // they would be duplicates.)
-    if typed.is_none() && !call.upstream_holds_history() {
+    if typed.is_none()
+        && !call.upstream_holds_history()
+        && session::references::has_references(&incoming)
+    {
+        // The reply a reference names may be one this process just answered with, still
+        // being written (a whole answer goes out before its reply is stored).
+        let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+        let _ = tokio::time::timeout(wait, state.pending.settle_all()).await;
         let key = scope.key_hash.as_deref();
         session::references::resolve_references(store, &tenant.name, key, &mut incoming).await?;
     }

@@ -58,7 +58,11 @@ async fn preview(
         wire: mut incoming,
         typed,
     } = call.take_conversation()?;
-    if typed.is_none() && !call.upstream_holds_history() {
+    if typed.is_none()
+        && !call.upstream_holds_history()
+        && crate::session::references::has_references(&incoming)
+    {
+        state.pending.settle_all().await;
         let key = super::managed::client_key_hash(&headers);
         crate::session::references::resolve_references(
             state.store.as_ref(),

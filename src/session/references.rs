@@ -45,6 +45,11 @@ pub async fn resolve_references(
     Ok(resolved)
 }
 
+/// Whether any of `items` refers to another item by its id.
+pub fn has_references(items: &[Value]) -> bool {
+    items.iter().any(|item| referenced_id(item).is_some())
+}
+
 /// The id an item refers to: an `item_reference`, typed, or in its short form (an `id` alone).
 fn referenced_id(item: &Value) -> Option<&str> {
     let obj = item.as_object()?;
