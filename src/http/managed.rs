@@ -26,6 +26,7 @@ use crate::context::Report;
 use crate::conversation::{MessageId, chain_ids};
 use crate::error::{Error, Result};
 use crate::session;
+use crate::session::pending::AnnouncedResponse;
 use crate::store::Scope;
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
@@ -488,23 +489,13 @@ async fn prepare(
         wire: mut incoming,
         typed,
     } = call.take_conversation()?;
-    // (Not where the upstream holds the conversation: it holds those items, and sent again
-    // they would be duplicates.)
-    if typed.is_none()
-        && !call.upstream_holds_history()
-        && session::references::has_references(&incoming)
-    {
-        // The reply a reference names may be one this process just answered with, still
-        // being written (a whole answer goes out before its reply is stored).
-        let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
-        let _ = tokio::time::timeout(wait, state.pending.settle_all()).await;
-        let key = scope.key_hash.as_deref();
-        session::references::resolve_references(store, &tenant.name, key, &mut incoming).await?;
+    // How long this request waits for others on its session, whatever it waits on.
+    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+    if typed.is_none() {
+        resolve_references(state, tenant, &call, &scope, wait, &mut incoming).await?;
     }
     check_not_empty(&incoming, typed.is_some(), mode)?;
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
-    // How long this request waits for others on its session, whatever it waits on.
-    let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
     // Beside an upstream `conversation` (which OpenAI refuses with one), an id is not resolved:
     // the stored chain would resend what the conversation holds. The request goes as received.
     let previous = match call
@@ -530,34 +521,9 @@ async fn prepare(
         }
         None => None,
     };
-    // An upstream conversation names the session of its last turn here, as a response id names
-    // its response's: recorded on each turn's close, announced while a turn runs.
-    let conversation = match &previous {
-        None => call
-            .upstream_conversation_id()
-            .map(|id| crate::store::conversation_key(id, scope.key_hash.as_deref())),
-        Some(_) => None,
-    };
-    // Taken before the lookup and held until this turn is stored: the conversation's turns in
-    // this process go one after another, so two first turns at once make one session.
-    let conversation = match conversation {
-        Some(key) => {
-            match tokio::time::timeout(wait, state.pending.claim_response(&key)).await {
-                Ok(claimed) => Some((key, Some(claimed))),
-                // Held past the tenant's timeout: looked up as it stands.
-                Err(_) => Some((key, None)),
-            }
-        }
-        None => None,
-    };
-    let conversation_session = match &conversation {
-        Some((key, _)) => {
-            let found = store.find_response(&tenant.name, key).await?;
-            found
-                .filter(|f| f.belongs_to(scope.key_hash.as_deref()))
-                .map(|f| f.session)
-        }
-        None => None,
+    let (conversation, conversation_session) = match &previous {
+        None => upstream_conversation(state, tenant, &call, &scope, wait).await?,
+        Some(_) => (None, None),
     };
     let auto_ids = if mode == HistoryMode::Client && previous.is_none() && tenant.file.session.auto
     {
@@ -750,6 +716,57 @@ async fn prepare(
 /// response ids record it (never the key).
 pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
     headers::client_credential(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes())))
+}
+
+/// A Responses request's `item_reference`s to reply items this client's key stored, resolved to
+/// those items (`session::references`). Not where the upstream holds the conversation: it
+/// holds those items, and sent again they would be duplicates.
+async fn resolve_references(
+    state: &AppState,
+    tenant: &Tenant,
+    call: &Call,
+    scope: &Scope,
+    wait: Duration,
+    incoming: &mut [serde_json::Value],
+) -> Result<()> {
+    if call.upstream_holds_history() || !session::references::has_references(incoming) {
+        return Ok(());
+    }
+    // The reply a reference names may be one this process just answered with, still being
+    // written (a whole answer goes out before its reply is stored).
+    let _ = tokio::time::timeout(wait, state.pending.settle_all()).await;
+    let key = scope.key_hash.as_deref();
+    let store = state.store.as_ref();
+    session::references::resolve_references(store, &tenant.name, key, incoming).await?;
+    Ok(())
+}
+
+/// The upstream `conversation` a Responses request continues, as its key (see
+/// [`conversation_key`](crate::store::conversation_key)) claimed for this turn, and the session
+/// of the conversation's last turn for the client's key, if any: it names that session here
+/// as a response id names its response's. The claim is taken before the lookup and held until
+/// the turn is stored, so the conversation's turns in this process go one after another and two
+/// first turns at once make one session.
+async fn upstream_conversation(
+    state: &AppState,
+    tenant: &Tenant,
+    call: &Call,
+    scope: &Scope,
+    wait: Duration,
+) -> Result<(Option<(String, Option<AnnouncedResponse>)>, Option<String>)> {
+    let Some(id) = call.upstream_conversation_id() else {
+        return Ok((None, None));
+    };
+    let key = crate::store::conversation_key(id, scope.key_hash.as_deref());
+    // Held past the tenant's timeout: looked up as it stands.
+    let claimed = tokio::time::timeout(wait, state.pending.claim_response(&key))
+        .await
+        .ok();
+    let found = state.store.find_response(&tenant.name, &key).await?;
+    let session = found
+        .filter(|f| f.belongs_to(scope.key_hash.as_deref()))
+        .map(|f| f.session);
+    Ok((Some((key, claimed)), session))
 }
 
 /// A `previous_response_id` not stored yet may be a response another process is streaming on
