@@ -85,7 +85,10 @@ async fn migrate(path: PathBuf) -> ctxproxy::Result<()> {
         ctxproxy::Error::Config(problems.join("\n"))
     })?;
     let url = ctxproxy::config::printable_url(&database.url);
-    ctxproxy::app::open_database(&database).await?;
+    let store = ctxproxy::app::open_database(&database).await?;
+    // Closed, not dropped: SQLite copies its write-ahead log into the database file when the
+    // last connection closes, so the file is whole on its own (copied or shipped, say).
+    store.close().await;
     tracing::info!(%url, "migrations applied");
     println!("migrations applied to {url}");
     Ok(())

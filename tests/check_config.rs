@@ -892,6 +892,14 @@ fn migrate_reads_only_the_database() {
     );
     assert!(stdout.contains("migrations applied"), "{stdout}");
     assert!(db.exists());
+    // The file is whole on its own: nothing left in a write-ahead log beside it (the sweep
+    // audit copied the file alone and found no tables).
+    let wal = dir.path().join("m.db-wal");
+    assert!(
+        std::fs::metadata(&wal).map_or(true, |m| m.len() == 0),
+        "{} bytes left in the WAL",
+        std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0)
+    );
     // The server file itself still counts.
     std::fs::write(&server, "databse: {}\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_ctxproxy"))

@@ -13,3 +13,11 @@ CREATE TABLE reply_items (
     FOREIGN KEY (tenant, session_id) REFERENCES sessions (tenant, id) ON DELETE CASCADE
 );
 CREATE INDEX reply_items_by_session ON reply_items (tenant, session_id);
+-- The reply items stored before this table: found as those stored after it are (the session's
+-- key stands for the key of each of its replies, as auto matching scopes it).
+INSERT OR IGNORE INTO reply_items (tenant, item_id, key_hash, session_id, message_id)
+SELECT m.tenant, json_extract(m.body, '$.id'), COALESCE(s.key_hash, ''), m.session_id, m.id
+FROM messages m JOIN sessions s ON s.tenant = m.tenant AND s.id = m.session_id
+WHERE m.origin = 'reply'
+  AND json_type(m.body, '$.id') = 'text'
+  AND json_type(m.body, '$.type') = 'text';
