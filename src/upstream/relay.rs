@@ -109,7 +109,7 @@ where
                         // does with the rest of its body (see `relay_the_rest`).
                         held = Some(last);
                         break;
-                    } else if let Some(whole) = partial.push(chunk)
+                    } else if let Some(whole) = partial.push(chunk, acc.whole_until())
                         && !client_gone
                         && tx.send(Ok(whole)).await.is_err()
                     {
@@ -215,21 +215,21 @@ impl PartialEvent {
     /// events (or one event larger than any answer), and it goes on as it comes.
     const MAX: usize = 16 * 1024 * 1024;
 
-    /// Takes the next chunk; returns what is now whole, to pass on.
-    fn push(&mut self, chunk: Bytes) -> Option<Bytes> {
+    /// Takes the next chunk, whose bytes form whole events up to `whole_until` (from the
+    /// stream's start: what the accumulator's parser, fed the chunk already, says); returns
+    /// what is now whole, to pass on.
+    fn push(&mut self, chunk: Bytes, whole_until: u64) -> Option<Bytes> {
+        let end = usize::try_from(whole_until.saturating_sub(self.start)).unwrap_or(usize::MAX);
         let whole = if self.bytes.is_empty() {
-            let end = after_last_blank_line(&chunk).unwrap_or(0);
+            let end = end.min(chunk.len());
             self.bytes.extend_from_slice(&chunk[end..]);
-            let whole = chunk.slice(..end);
-            self.start += end as u64;
-            whole
+            chunk.slice(..end)
         } else {
-            // A blank line may straddle the two reads: look for it in what is held too.
             self.bytes.extend_from_slice(&chunk);
-            let end = after_last_blank_line(&self.bytes).unwrap_or(0);
-            self.start += end as u64;
+            let end = end.min(self.bytes.len());
             self.bytes.split_to(end).freeze()
         };
+        self.start += whole.len() as u64;
         if self.bytes.len() > Self::MAX {
             self.flushed_mid_event = true;
             self.start += self.bytes.len() as u64;
@@ -282,23 +282,6 @@ fn is_event_fragment(bytes: &[u8]) -> bool {
     [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
         .iter()
         .any(|field| line.starts_with(field))
-}
-
-/// Where the last blank line of `buf` ends (an SSE event ends at one: two line ends in a row,
-/// each `\n`, `\r\n` or `\r`), if it has one.
-fn after_last_blank_line(buf: &[u8]) -> Option<usize> {
-    let mut i = buf.len();
-    while i >= 2 {
-        let (a, b) = (buf[i - 2], buf[i - 1]);
-        if (a == b'\n' && b == b'\n') || (a == b'\r' && b == b'\r') {
-            return Some(i);
-        }
-        if a == b'\r' && b == b'\n' && i >= 3 && buf[i - 3] == b'\n' {
-            return Some(i);
-        }
-        i -= 1;
-    }
-    None
 }
 
 /// How long the upstream may keep a stream open after its last event, in all.
@@ -376,24 +359,46 @@ pub fn passthrough(
 mod tests {
     use super::*;
 
+    /// Feeds `chunk` to a parser standing for the accumulator, then to `p`.
+    fn push(
+        p: &mut PartialEvent,
+        parser: &mut crate::upstream::sse::SseParser,
+        chunk: &'static [u8],
+    ) -> Option<Bytes> {
+        parser.feed(chunk);
+        p.push(Bytes::from_static(chunk), parser.whole_until())
+    }
+
     #[test]
     fn blank_lines_end_events_whatever_their_line_ends() {
-        assert_eq!(after_last_blank_line(b"data: 1\n\ndata: 2"), Some(9));
-        assert_eq!(after_last_blank_line(b"data: 1\r\n\r\n"), Some(11));
-        assert_eq!(after_last_blank_line(b"data: 1\r\rdata"), Some(9));
-        assert_eq!(after_last_blank_line(b"data: 1\ndata: 2\n"), None);
-        assert_eq!(after_last_blank_line(b"\n"), None);
+        for (stream, whole) in [
+            (&b"data: 1\n\ndata: 2"[..], 9),
+            (b"data: 1\r\n\r\n", 11),
+            (b"data: 1\r\rdata", 9),
+            // A blank line ended by a bare CR at the end of what came (the final re-check's
+            // break case) ends the event, as a CR alone is a line end.
+            (b"data: 1\r\n\r", 10),
+            (b"data: 1\ndata: 2\n", 0),
+            (b"\n", 1),
+        ] {
+            let mut p = PartialEvent::default();
+            let mut parser = crate::upstream::sse::SseParser::default();
+            parser.feed(stream);
+            let sent = p.push(Bytes::copy_from_slice(stream), parser.whole_until());
+            assert_eq!(sent.map_or(0, |b| b.len()), whole, "{stream:?}");
+        }
     }
 
     #[test]
     fn only_what_is_whole_goes_on_and_a_split_blank_line_is_found() {
         let mut p = PartialEvent::default();
+        let mut parser = crate::upstream::sse::SseParser::default();
         assert_eq!(
-            p.push(Bytes::from_static(b"data: 1\n\ndata: 2\n")),
+            push(&mut p, &mut parser, b"data: 1\n\ndata: 2\n"),
             Some(Bytes::from_static(b"data: 1\n\n"))
         );
         assert_eq!(
-            p.push(Bytes::from_static(b"\ndata: 3")),
+            push(&mut p, &mut parser, b"\ndata: 3"),
             Some(Bytes::from_static(b"data: 2\n\n"))
         );
         assert!(is_event_fragment(&p.take()));

@@ -302,6 +302,11 @@ impl StreamAccumulator {
         }
     }
 
+    /// Where the bytes fed so far stop forming whole events (see [`SseParser::whole_until`]).
+    pub fn whole_until(&self) -> u64 {
+        self.parser.whole_until()
+    }
+
     /// The response a Responses stream answers with, once its first event named it.
     pub fn response_id(&self) -> Option<&str> {
         match self.kind {

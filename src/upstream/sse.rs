@@ -124,6 +124,12 @@ impl SseParser {
         out
     }
 
+    /// Where the bytes fed so far stop forming whole events (bytes from the stream's start, a
+    /// BOM included): just after the last blank line, where the event under way began.
+    pub fn whole_until(&self) -> u64 {
+        self.event_start
+    }
+
     /// Where each event the last `feed` or `finish` returned began in the stream (bytes from
     /// its start, a BOM included), in the order returned.
     pub fn starts(&self) -> &[u64] {
