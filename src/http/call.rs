@@ -95,6 +95,14 @@ impl Call {
         }
     }
 
+    /// The `previous_response_id` the proxy may resolve from its store: none beside an upstream
+    /// `conversation` (which OpenAI refuses with one), where the stored chain would resend what
+    /// the conversation holds, so the request goes as received.
+    pub fn previous_response_to_resolve(&self) -> Option<&str> {
+        self.previous_response_id()
+            .filter(|_| self.upstream_conversation_id().is_none())
+    }
+
     /// The id of the upstream conversation a Responses request continues. Never for chat.
     pub fn upstream_conversation_id(&self) -> Option<&str> {
         match self {

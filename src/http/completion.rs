@@ -51,8 +51,8 @@ pub struct Completion {
     /// The upstream conversation the request continues, as its
     /// [`conversation_key`](crate::store::conversation_key), recorded on the head after the
     /// reply (or the request's last message, a turn that got none). Claimed while the request
-    /// runs, so that the conversation's next turn waits to
-    /// find this session rather than begin another (dropped with the completion, once stored).
+    /// runs, so that the conversation's next turn waits to find this session rather than begin
+    /// another (dropped with the completion, once stored).
     pub conversation: Option<(String, Option<AnnouncedResponse>)>,
 }
 

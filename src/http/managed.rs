@@ -492,16 +492,12 @@ async fn prepare(
     // How long this request waits for others on its session, whatever it waits on.
     let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
     if typed.is_none() {
-        resolve_references(state, tenant, &call, &scope, wait, &mut incoming).await?;
+        let key = scope.key_hash.as_deref();
+        resolve_references(state, tenant, &call, key, wait, &mut incoming).await?;
     }
     check_not_empty(&incoming, typed.is_some(), mode)?;
     rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
-    // Beside an upstream `conversation` (which OpenAI refuses with one), an id is not resolved:
-    // the stored chain would resend what the conversation holds. The request goes as received.
-    let previous = match call
-        .previous_response_id()
-        .filter(|_| call.upstream_conversation_id().is_none())
-    {
+    let previous = match call.previous_response_to_resolve() {
         Some(id) => {
             // A stream still running may hold it (announced): waited for as long as a session
             // is, no longer; then the id is looked up as it stands.
@@ -588,7 +584,9 @@ async fn prepare(
     let mode = mode_for_upstream_history(mode, &call, resolved.anchor);
     // The client of an upstream conversation sends only what is new: stored after the session's
     // head, as server mode stores it, though sent as received (the upstream holds the rest).
-    let own_items = conversation.is_some().then(|| incoming.messages.clone());
+    let own_items = conversation
+        .is_some()
+        .then(|| (incoming.messages.clone(), incoming.ids.clone()));
     let storage = match own_items {
         Some(_) => HistoryMode::Server,
         None => mode,
@@ -639,8 +637,9 @@ async fn prepare(
             (Either::Right(std::future::ready(Ok(lock))), assembled)
         }
     };
-    if let Some(own) = own_items {
-        assembled.ids = chain_ids(&own);
+    if let Some((own, ids)) = own_items {
+        // Chained from the root, as auto matching already chained them where it looked.
+        assembled.ids = ids.unwrap_or_else(|| chain_ids(&own));
         assembled.messages = own;
         assembled.only_incoming = true;
     }
@@ -718,14 +717,14 @@ pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
     headers::client_credential(headers).map(|k| hex::encode(Sha256::digest(k.as_bytes())))
 }
 
-/// A Responses request's `item_reference`s to reply items this client's key stored, resolved to
-/// those items (`session::references`). Not where the upstream holds the conversation: it
+/// A Responses request's `item_reference`s to reply items the client's key (hashed as
+/// `key_hash`) stored, resolved to those items (`session::references`). Not where the upstream holds the conversation: it
 /// holds those items, and sent again they would be duplicates.
-async fn resolve_references(
+pub(crate) async fn resolve_references(
     state: &AppState,
     tenant: &Tenant,
     call: &Call,
-    scope: &Scope,
+    key_hash: Option<&str>,
     wait: Duration,
     incoming: &mut [serde_json::Value],
 ) -> Result<()> {
@@ -735,9 +734,8 @@ async fn resolve_references(
     // The reply a reference names may be one this process just answered with, still being
     // written (a whole answer goes out before its reply is stored).
     let _ = tokio::time::timeout(wait, state.pending.settle_all()).await;
-    let key = scope.key_hash.as_deref();
     let store = state.store.as_ref();
-    session::references::resolve_references(store, &tenant.name, key, incoming).await?;
+    session::references::resolve_references(store, &tenant.name, key_hash, incoming).await?;
     Ok(())
 }
 

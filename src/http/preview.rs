@@ -3,6 +3,7 @@
 //! nothing is stored. With a session id, stored history is used as the real call would use it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
@@ -14,7 +15,7 @@ use super::body::read_limited;
 use super::call::{Call, Taken};
 use super::managed::{
     Endpoint, check_not_empty, check_something_to_send, continue_upstream_root, history_mode,
-    mode_for_upstream_history,
+    mode_for_upstream_history, resolve_references,
 };
 use super::rewrite::{self, Conversation, Purpose};
 use super::tenant;
@@ -58,19 +59,10 @@ async fn preview(
         wire: mut incoming,
         typed,
     } = call.take_conversation()?;
-    if typed.is_none()
-        && !call.upstream_holds_history()
-        && crate::session::references::has_references(&incoming)
-    {
-        state.pending.settle_all().await;
+    if typed.is_none() {
         let key = super::managed::client_key_hash(&headers);
-        crate::session::references::resolve_references(
-            state.store.as_ref(),
-            &tenant.name,
-            key.as_deref(),
-            &mut incoming,
-        )
-        .await?;
+        let wait = Duration::from_secs(tenant.file.upstream.timeout_s);
+        resolve_references(&state, &tenant, &call, key.as_deref(), wait, &mut incoming).await?;
     }
     check_not_empty(&incoming, typed.is_some(), mode)?;
 
@@ -87,12 +79,7 @@ async fn preview(
     .map(str::to_string);
     // As in the real call, a response of another session than the one named is not resolved:
     // its id goes upstream as it came.
-    // Beside an upstream `conversation` (which OpenAI refuses with one), an id is not resolved:
-    // the stored chain would resend what the conversation holds. The request goes as received.
-    let previous = match call
-        .previous_response_id()
-        .filter(|_| call.upstream_conversation_id().is_none())
-    {
+    let previous = match call.previous_response_to_resolve() {
         Some(id) => {
             state.pending.settle(&[], Some(id)).await;
             state.store.find_response(&tenant.name, id).await?

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
+use crate::conversation::responses_items::is_item_reference;
 use crate::error::Result;
 use crate::store::Store;
 
@@ -50,12 +51,12 @@ pub fn has_references(items: &[Value]) -> bool {
     items.iter().any(|item| referenced_id(item).is_some())
 }
 
-/// The id an item refers to: an `item_reference`, typed, or in its short form (an `id` alone).
+/// The id an item refers to: an `item_reference`, typed, or in its short form (an `id` alone),
+/// as the Responses mapping reads one.
 fn referenced_id(item: &Value) -> Option<&str> {
-    let obj = item.as_object()?;
-    let typed = obj.get("type").and_then(Value::as_str) == Some("item_reference");
-    let short = obj.len() == 1;
-    (typed || short).then(|| obj.get("id")?.as_str()).flatten()
+    is_item_reference(item)
+        .then(|| item.get("id")?.as_str())
+        .flatten()
 }
 
 #[cfg(test)]

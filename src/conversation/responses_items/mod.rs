@@ -90,7 +90,7 @@ pub(crate) fn kind(item: &Value) -> Kind {
 }
 
 /// An `item_reference` (typed, or the short form: an `id` alone, with neither type nor role).
-fn is_item_reference(item: &Value) -> bool {
+pub(crate) fn is_item_reference(item: &Value) -> bool {
     match item.get("type").and_then(Value::as_str) {
         Some(t) => t == "item_reference",
         None => item.get("role").is_none() && item.get("id").is_some_and(Value::is_string),
