@@ -104,15 +104,10 @@ pub fn upstream_problems(upstream: &super::tenant::UpstreamSection) -> Vec<Strin
 
 /// Headers that carry a client's credentials, which must never become a session id.
 pub fn is_credential_header(name: &str) -> bool {
-    [
-        "authorization",
-        "proxy-authorization",
-        "api-key",
-        "x-api-key",
-        "cookie",
-    ]
-    .iter()
-    .any(|h| h.eq_ignore_ascii_case(name))
+    ["authorization", "proxy-authorization", "cookie"]
+        .into_iter()
+        .chain(crate::upstream::headers::KEY_HEADERS)
+        .any(|h| h.eq_ignore_ascii_case(name))
 }
 
 /// Zero where zero makes every request fail, in the server file: a body limit of 0 bytes

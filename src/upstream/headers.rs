@@ -199,7 +199,7 @@ fn form_decoded(component: &str) -> Vec<u8> {
 }
 
 /// Headers other APIs take a key in (Azure's `api-key`, and `x-api-key`).
-const KEY_HEADERS: [&str; 2] = ["api-key", "x-api-key"];
+pub(crate) const KEY_HEADERS: [&str; 2] = ["api-key", "x-api-key"];
 
 /// Whether a header or query value carries the client's key: holds it, for a key long enough
 /// not to turn up by chance (provider keys are dozens of characters), or is it (an odd short
