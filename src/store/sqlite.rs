@@ -389,6 +389,17 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        // The write-ahead log copied into the database file and emptied first: SQLite does it
+        // itself only on the last connection's close, which connections closing together
+        // (writer, readers, checkpointer) may each take for not the last. On a reader: the
+        // writer's jobs run inside its transaction, where no checkpoint can finish.
+        let _ = self
+            .threads
+            .read(|conn| {
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                Ok(())
+            })
+            .await;
         self.threads.close().await;
     }
 
