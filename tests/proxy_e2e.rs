@@ -1966,6 +1966,58 @@ async fn lock_once_upstream_reached(
     locker
 }
 
+/// SQLite answers a turn's open once its writes have run and commits them while the request
+/// goes upstream; the client's answer waits for that commit. Here the commit fails (a deferred
+/// constraint, checked only at COMMIT, which another process added): the upstream was asked,
+/// but the client gets 503 `store_unavailable`, streamed or not, and nothing of the turn is
+/// stored. The next turn is served as usual.
+#[tokio::test]
+async fn no_answer_goes_out_for_a_turn_whose_commit_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("doomed.db");
+    let tenant = "keys: any\nupstream:\n  base_url: {upstream}\n";
+    let (proxy, mock) = proxy_on_sqlite_file(&db, tenant).await;
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE doom_anchor (id INTEGER PRIMARY KEY);
+             CREATE TABLE doom (anchor INTEGER REFERENCES doom_anchor (id) DEFERRABLE INITIALLY DEFERRED);
+             CREATE TRIGGER doom_on_message AFTER INSERT ON messages WHEN NEW.body LIKE '%doomed%'
+             BEGIN INSERT INTO doom VALUES (42); END;",
+        )
+        .unwrap();
+    let ask = |content: &str, stream: bool| {
+        client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", "doomed")
+            .json(&json!({"model": "m", "stream": stream,
+                "messages": [{"role": "user", "content": content}]}))
+            .send()
+    };
+    for stream in [false, true] {
+        let resp = ask("a doomed question", stream).await.unwrap();
+        assert_eq!(resp.status(), 503, "stream: {stream}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    }
+    assert_eq!(
+        mock.requests().len(),
+        2,
+        "both went upstream beside their commit"
+    );
+    let fine = ask("a fine question", false).await.unwrap();
+    assert_eq!(fine.status(), 200, "{}", fine.text().await.unwrap());
+    proxy.wait_for_records("default", "doomed", 1).await;
+    let messages = proxy.stored_messages("default", "doomed").await;
+    let contents: Vec<_> = messages.iter().map(|m| m["content"].clone()).collect();
+    assert_eq!(
+        contents,
+        [json!("a fine question"), json!("ok: 1 messages")]
+    );
+    assert_eq!(proxy.request_records("default", "doomed").await.len(), 1);
+    assert!(proxy.store_errors_total().await >= 2.0);
+}
+
 /// Waits (bounded) until the proxy has counted a store error.
 async fn until_a_store_error(proxy: &Proxy) {
     for _ in 0..300 {

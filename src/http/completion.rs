@@ -17,7 +17,9 @@ use crate::conversation::MessageId;
 use crate::metrics;
 use crate::session::SessionLock;
 use crate::session::pending::AnnouncedResponse;
-use crate::store::{Append, Lease, NewMessage, NewRequestRecord, Origin, TurnClose, TurnClosed};
+use crate::store::{
+    Append, Committed, Lease, NewMessage, NewRequestRecord, Origin, TurnClose, TurnClosed,
+};
 use crate::upstream::reply::Reply;
 
 /// The stored side of one managed request, finished once its answer is complete.
@@ -26,6 +28,9 @@ pub struct Completion {
     pub tenant: String,
     pub session: String,
     pub lock: Option<SessionLock>,
+    /// Whether the turn's open is committed: the store may still be writing it while the
+    /// request goes upstream. The client's answer, and the close, wait for it.
+    pub committed: Committed,
     /// The request's last message: the reply's parent in the tree.
     pub reply_parent: Option<MessageId>,
     pub endpoint: Endpoint,
@@ -121,6 +126,13 @@ impl Completion {
         upstream: Option<Duration>,
         awaited: bool,
     ) {
+        if let Err(e) = self.committed.wait().await {
+            // The turn's open was undone with the commit it shared (the store failed): there
+            // is no session turn to close, and the client was not answered (`managed::send`).
+            metrics::store_error();
+            tracing::error!(error = %e, "could not store the request's messages; nothing of the turn is kept");
+            return;
+        }
         if let (Some(reply), Some(allowed)) = (reply, &self.allowed) {
             flag_forbidden_calls(reply, allowed);
         }

@@ -27,7 +27,7 @@ use crate::conversation::{MessageId, chain_ids};
 use crate::error::{Error, Result};
 use crate::session;
 use crate::session::pending::AnnouncedResponse;
-use crate::store::Scope;
+use crate::store::{Committed, Scope};
 use crate::upstream::reply::{ApiKind, Reply};
 use crate::upstream::{self, Outgoing, headers, map_reqwest};
 
@@ -614,9 +614,12 @@ async fn prepare(
                 // 4.2 gives still holds for everything anyone can see.
                 (Either::Left(opening), assembled)
             } else {
-                // A summary may be read, or made and stored, under the lease: open first.
+                // A summary may be read, or made and stored, under the lease: open first, and
+                // committed, for the reads beside the writer.
+                let (lock, mut committed) = opening.await?;
+                committed.wait().await?;
                 (
-                    Either::Right(std::future::ready(Ok(opening.await?))),
+                    Either::Right(std::future::ready(Ok((lock, committed)))),
                     assembled,
                 )
             }
@@ -634,7 +637,11 @@ async fn prepare(
             .await?;
             crate::metrics::store_op("open_turn", t.elapsed());
             log.session = Some(resolved.id.clone());
-            (Either::Right(std::future::ready(Ok(lock))), assembled)
+            let committed = Committed::done();
+            (
+                Either::Right(std::future::ready(Ok((lock, committed)))),
+                assembled,
+            )
         }
     };
     if let Some((own, ids)) = own_items {
@@ -665,13 +672,14 @@ async fn prepare(
     // `biased`: a store job still to be handed over goes first, then the pipeline runs beside it.
     let (opened, rewritten) = tokio::join!(biased; opening, rewrite);
     // A store failure is reported before a rewrite error, as if they had run in turn.
-    let lock = opened?;
+    let (lock, committed) = opened?;
     log.session = Some(resolved.id.clone());
     let mut completion = Completion {
         state: state.clone(),
         tenant: tenant.name.clone(),
         session: resolved.id,
         lock: Some(lock),
+        committed,
         reply_parent: assembled.reply_parent,
         endpoint: log.endpoint,
         model: call.model().to_string(),
@@ -807,7 +815,7 @@ async fn send(
 ) -> Result<Answer> {
     let Prepared {
         call,
-        completion,
+        mut completion,
         report,
     } = prepared;
     let tenant = &selected.tenant;
@@ -850,6 +858,14 @@ async fn send(
             return Err(e);
         }
     };
+    // The turn's open may have been committed while the request went upstream: nothing of the
+    // answer reaches the client before it is (SPEC 4.2: what is answered is stored).
+    if let Err(e) = completion.committed.wait().await {
+        completion
+            .finish(e.classify().0, None, Some(upstream_started.elapsed()))
+            .await;
+        return Err(e);
+    }
 
     // Counted once the upstream has the request (it answered, whatever it said): a request
     // that never reached it sent no tokens.

@@ -11,7 +11,7 @@ use super::history::{self, Assembled, Base, Incoming};
 use super::lock::SessionLock;
 use crate::config::HistoryMode;
 use crate::error::Result;
-use crate::store::{Append, Scope, Store, TurnOpen};
+use crate::store::{Append, Committed, Scope, Store, TurnOpen};
 
 /// The session a turn is opened on, and how its lease is held.
 pub struct Target<'a> {
@@ -39,7 +39,9 @@ pub async fn open_on_stored(
     incoming: Incoming,
     still_wanted: impl FnOnce() -> bool,
 ) -> Result<(SessionLock, Assembled)> {
-    let lock = lock_and_append(store, target, None).await?;
+    let (lock, mut committed) = lock_and_append(store, target, None).await?;
+    // The stored history is read next, beside the writer: the new session must be visible.
+    committed.wait().await?;
     if !still_wanted() {
         return Err(crate::Error::ClientClosed);
     }
@@ -58,12 +60,14 @@ pub async fn open_on_stored(
 }
 
 /// Takes the lease (creating the session if need be) and stores `append` under it, in one
-/// store call.
+/// store call. The store may answer before that call is committed: nothing the request sends
+/// its client may go before [`Committed::wait`] says it is (reads of the store do not see it
+/// before either).
 pub async fn lock_and_append(
     store: &Arc<dyn Store>,
     target: &Target<'_>,
     append: Option<Append>,
-) -> Result<SessionLock> {
+) -> Result<(SessionLock, Committed)> {
     let opened = store
         .open_turn(TurnOpen {
             tenant: target.tenant.to_string(),
@@ -74,5 +78,6 @@ pub async fn lock_and_append(
             append,
         })
         .await?;
-    Ok(SessionLock::held(store.clone(), opened.lease, target.ttl))
+    let lock = SessionLock::held(store.clone(), opened.lease, target.ttl);
+    Ok((lock, opened.committed))
 }

@@ -25,7 +25,7 @@ pub(crate) use cursor::{After, Keyset, encode_cursor};
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use time::Timestamp;
-pub use turn::{Append, TurnClose, TurnClosed, TurnOpen, TurnOpened};
+pub use turn::{Append, Committed, TurnClose, TurnClosed, TurnOpen, TurnOpened};
 pub use types::{
     Appended, Branch, DEFAULT_LOCK_WAIT, Lease, NewMessage, NewRequestRecord, NewSummary, Origin,
     PrefixMatch, RequestRecord, ResponseRef, Scope, Session, SessionDetail, SessionPage,
@@ -150,7 +150,9 @@ pub trait Store: Send + Sync {
 
     /// Opens a managed request's turn in one call: creates the session if absent, takes its
     /// lease (waiting as [`Store::lock_session`] does) and appends `open.append` under it. On
-    /// error nothing is held (the session may have been created).
+    /// error nothing is held (the session may have been created). The store may answer before
+    /// these writes are committed (SQLite does, so that the commit overlaps the upstream call):
+    /// `committed` says when they are, and reads see them only from then on.
     async fn open_turn(&self, open: TurnOpen) -> Result<TurnOpened> {
         turn::open_by_parts(self, open).await
     }

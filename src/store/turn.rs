@@ -9,6 +9,8 @@
 
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+
 use super::types::{Lease, NewMessage, NewRequestRecord, Scope};
 use super::{Appended, Store};
 use crate::Error;
@@ -37,11 +39,58 @@ pub struct TurnOpen {
     pub append: Option<Append>,
 }
 
-/// An opened turn: the held lease, and what the append did.
-#[derive(Debug, Clone)]
+/// An opened turn: the held lease, what the append did, and whether it is committed yet.
+#[derive(Debug)]
 pub struct TurnOpened {
     pub lease: Lease,
     pub appended: Vec<Appended>,
+    pub committed: Committed,
+}
+
+/// Whether a write is committed. SQLite answers a turn's open as soon as its writes have run,
+/// and commits them while the request goes upstream (issue 5: the commit was a tenth of a
+/// small request's added latency); whatever the client is answered waits for this, so an
+/// answer never goes out for a turn that is not stored (SPEC 4.2).
+#[derive(Debug)]
+pub struct Committed(CommitState);
+
+#[derive(Debug)]
+enum CommitState {
+    Done,
+    Waiting(oneshot::Receiver<Result<()>>),
+    Failed(String),
+}
+
+impl Committed {
+    /// A write committed before its answer (PostgreSQL's, and every single store call's).
+    pub fn done() -> Committed {
+        Committed(CommitState::Done)
+    }
+
+    /// A write whose commit `commit` will report.
+    pub(crate) fn pending(commit: oneshot::Receiver<Result<()>>) -> Committed {
+        Committed(CommitState::Waiting(commit))
+    }
+
+    /// Waits for the commit (at once once it is known); a failure stays for later callers.
+    pub async fn wait(&mut self) -> Result<()> {
+        if let CommitState::Waiting(commit) = &mut self.0 {
+            let outcome = commit.await.unwrap_or_else(|_| {
+                Err(Error::StoreUnavailable(
+                    "the store closed before the commit".into(),
+                ))
+            });
+            self.0 = match outcome {
+                Ok(()) => CommitState::Done,
+                Err(Error::StoreUnavailable(reason)) => CommitState::Failed(reason),
+                Err(e) => CommitState::Failed(e.to_string()),
+            };
+        }
+        match &self.0 {
+            CommitState::Failed(reason) => Err(Error::StoreUnavailable(reason.clone())),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What closing a turn does, in order; each part is kept or undone on its own, so a failing
@@ -152,7 +201,11 @@ async fn open_once<S: Store + ?Sized>(
         .lock_session(&open.tenant, &open.session, open.ttl, wait)
         .await?;
     match append_under(store, &lease, open.append.as_ref()).await {
-        Ok(appended) => Ok(TurnOpened { lease, appended }),
+        Ok(appended) => Ok(TurnOpened {
+            lease,
+            appended,
+            committed: Committed::done(),
+        }),
         Err(e) => {
             let _ = store.unlock_session(&lease).await;
             Err(e)

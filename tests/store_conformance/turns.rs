@@ -67,10 +67,11 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
         Origin::Client,
     );
     let last = request.messages.last().map(|m| m.id);
-    let opened = s
+    let mut opened = s
         .open_turn(open("turn", Some(request), LONG))
         .await
         .unwrap();
+    opened.committed.wait().await.unwrap();
     assert_eq!(opened.appended.len(), 2);
     assert!(opened.appended.iter().all(|a| a.new));
     // Created with the turn's scope, and locked.
@@ -148,7 +149,8 @@ pub async fn a_turn_stores_request_reply_record_and_response_id(fx: &Fixture) {
     ];
     let mut next = open("turn", Some(chain(None, &bodies, Origin::Client)), LONG);
     next.scope = Scope::default();
-    let opened = s.open_turn(next).await.unwrap();
+    let mut opened = s.open_turn(next).await.unwrap();
+    opened.committed.wait().await.unwrap();
     let new: Vec<bool> = opened.appended.iter().map(|a| a.new).collect();
     assert_eq!(new, [false, false, false, true]);
     let seqs: Vec<i64> = opened.appended.iter().map(|a| a.seq).collect();
@@ -203,7 +205,8 @@ pub async fn a_turn_waits_for_the_lease_before_appending(fx: &Fixture) {
     assert!(s.head_branch("t", "busy").await.unwrap().is_empty());
     assert!(!waiter.is_finished());
     s.unlock_session(&held).await.unwrap();
-    let opened = waiter.await.unwrap().unwrap();
+    let mut opened = waiter.await.unwrap().unwrap();
+    opened.committed.wait().await.unwrap();
     assert_eq!(opened.appended.len(), 1);
     assert_eq!(s.head_branch("t", "busy").await.unwrap().len(), 1);
     // A turn that cannot get the lease in time fails and stores nothing.
@@ -238,10 +241,11 @@ pub async fn a_failing_reply_still_leaves_the_record_and_frees_the_lease(fx: &Fi
     let s = fx.store.as_ref();
     let request = chain(None, &[msg("user", "q")], Origin::Client);
     let last = request.messages.last().map(|m| m.id);
-    let opened = s
+    let mut opened = s
         .open_turn(open("partial", Some(request), LONG))
         .await
         .unwrap();
+    opened.committed.wait().await.unwrap();
     // The reply hangs under a parent that is not stored: that part fails on its own.
     let reply = chain(
         Some(MessageId([9; 32])),
@@ -330,10 +334,11 @@ pub async fn a_close_whose_record_failed_is_handed_back_and_done_again_once(fx: 
     let s = fx.store.as_ref();
     let request = chain(None, &[msg("user", "q")], Origin::Client);
     let last = request.messages.last().map(|m| m.id);
-    let opened = s
+    let mut opened = s
         .open_turn(open("record-refused", Some(request), LONG))
         .await
         .unwrap();
+    opened.committed.wait().await.unwrap();
     meddle(
         fx,
         "CREATE TRIGGER no_records BEFORE INSERT ON requests BEGIN SELECT RAISE(ABORT, 'refused'); END;",
@@ -389,10 +394,11 @@ pub async fn reply_items_are_found_by_their_id_for_their_key(fx: &Fixture) {
     let s = fx.store.as_ref();
     let request = chain(None, &[msg("user", "hi")], Origin::Client);
     let last = request.messages.last().map(|m| m.id);
-    let opened = s
+    let mut opened = s
         .open_turn(open("items", Some(request), LONG))
         .await
         .unwrap();
+    opened.committed.wait().await.unwrap();
     let item = serde_json::json!({"type": "message", "id": "msg_conf", "role": "assistant",
         "content": [{"type": "output_text", "text": "hello", "annotations": []}]});
     let call = serde_json::json!({"type": "function_call", "id": "fc_conf", "call_id": "c1",

@@ -9,7 +9,8 @@ use sqlx::postgres::PgConnection;
 use super::super::lease::new_owner;
 use super::super::time::Timestamp;
 use super::super::turn::{
-    LEASE_LOST, TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts, open_by_parts,
+    Committed, LEASE_LOST, TurnClose, TurnClosed, TurnOpen, TurnOpened, close_by_parts,
+    open_by_parts,
 };
 use super::super::types::Lease;
 use super::{LeaseKind, PostgresStore, records, release_lease, text, tree};
@@ -26,7 +27,11 @@ impl PostgresStore {
                 Some(a) => tree::append_in(&mut tx, tenant, session, a.parent, &a.messages).await?,
             };
             tx.commit().await?;
-            return Ok(TurnOpened { lease, appended });
+            return Ok(TurnOpened {
+                lease,
+                appended,
+                committed: Committed::done(),
+            });
         }
         // Someone holds the lease (so the session exists): wait for it as `lock_session` does.
         drop(tx);

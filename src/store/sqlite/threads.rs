@@ -25,6 +25,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::open::Target;
+use crate::store::Committed;
 use crate::{Error, Result};
 
 /// Most jobs one commit covers: bounds how long the first job of a batch waits for its answer.
@@ -88,6 +89,46 @@ where
         };
         // The caller may have gone away (its request was cancelled): nothing to tell.
         let _ = self.reply.send(result);
+    }
+}
+
+/// A write answered twice: with its outcome as soon as it has run (before its batch commits),
+/// and with whether the batch committed. For a caller that can go on while the commit is
+/// written and needs it only before anyone sees the outcome (see [`Committed`]).
+struct Early<T, F> {
+    work: Option<F>,
+    ran: Option<oneshot::Sender<Result<T>>>,
+    committed: oneshot::Sender<Result<()>>,
+}
+
+impl<T, F> WriteJob for Early<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T> + Send,
+{
+    fn urgent(&self) -> bool {
+        true
+    }
+
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(work) = self.work.take() else {
+            return false;
+        };
+        let result = guarded(|| work(conn));
+        let ok = result.is_ok();
+        if let Some(ran) = self.ran.take() {
+            let _ = ran.send(result);
+        }
+        ok
+    }
+
+    fn answer(self: Box<Self>, lost: Option<&str>) {
+        let error = || Error::StoreUnavailable(lost.unwrap_or_default().to_string());
+        // Never run (the batch could not begin): the outcome is the batch's.
+        if let Some(ran) = self.ran {
+            let _ = ran.send(Err(error()));
+        }
+        let _ = self.committed.send(lost.map_or(Ok(()), |_| Err(error())));
     }
 }
 
@@ -197,6 +238,30 @@ impl Threads {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         self.submit(false, work).await
+    }
+
+    /// Like [`Threads::write`], but answers as soon as `work` has run, before its batch
+    /// commits; the returned [`Committed`] says whether the batch did. A failed commit undoes
+    /// `work` like any other write of the batch.
+    pub(super) async fn write_early<T, F>(&self, work: F) -> Result<(T, Committed)>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        let (ran, outcome) = oneshot::channel();
+        let (committed, commit) = oneshot::channel();
+        let job = Box::new(Early {
+            work: Some(work),
+            ran: Some(ran),
+            committed,
+        });
+        {
+            let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+            let queues = queues.as_ref().ok_or_else(closed)?;
+            queues.write.send(job).map_err(|_| closed())?;
+        }
+        let value = outcome.await.map_err(|_| closed())??;
+        Ok((value, Committed::pending(commit)))
     }
 
     /// Queues `work` as a write whose outcome nobody waits for (a clean-up from a `Drop`, which
@@ -408,4 +473,82 @@ fn run_batch(conn: &Connection, mut batch: VecDeque<Box<dyn WriteJob>>) {
 pub(super) fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parent table and a child whose reference is checked only at COMMIT: a child without
+    /// its parent runs fine and fails its batch's commit.
+    async fn threads_with_a_deferred_constraint(dir: &std::path::Path) -> Threads {
+        let url = format!("sqlite://{}/t.db?mode=rwc", dir.display());
+        let threads = Threads::start(Target::parse(&url).unwrap(), 1)
+            .await
+            .unwrap();
+        threads
+            .write(|conn| {
+                conn.execute_batch(
+                    "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+                     CREATE TABLE child (parent INTEGER REFERENCES parent (id)
+                        DEFERRABLE INITIALLY DEFERRED);",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        threads
+    }
+
+    async fn children(threads: &Threads) -> i64 {
+        let count =
+            |conn: &Connection| Ok(conn.query_row("SELECT count(*) FROM child", [], |r| r.get(0))?);
+        threads.read(count).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_early_write_is_answered_when_it_has_run_and_then_told_of_its_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let threads = threads_with_a_deferred_constraint(dir.path()).await;
+        let insert = |sql: &'static str| move |conn: &Connection| Ok(conn.execute(sql, [])?);
+
+        let (rows, mut committed) = threads
+            .write_early(|conn| {
+                conn.execute("INSERT INTO parent VALUES (1)", [])?;
+                Ok(conn.execute("INSERT INTO child VALUES (1)", [])?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows, 1);
+        committed.wait().await.unwrap();
+        assert_eq!(children(&threads).await, 1, "committed: readers see it");
+
+        // Runs (its answer is its outcome), then its batch's commit fails: undone.
+        let (rows, mut committed) = threads
+            .write_early(insert("INSERT INTO child VALUES (2)"))
+            .await
+            .unwrap();
+        assert_eq!(rows, 1);
+        let failed = committed.wait().await.unwrap_err();
+        assert!(
+            matches!(&failed, Error::StoreUnavailable(m) if m.contains("FOREIGN KEY")),
+            "{failed:?}"
+        );
+        // Asked again, the same answer; nothing of it was kept.
+        assert!(committed.wait().await.is_err());
+        assert_eq!(children(&threads).await, 1);
+
+        // A job that fails is answered with its own error, and the writer goes on.
+        let refused = threads
+            .write_early(insert("INSERT INTO nowhere VALUES (1)"))
+            .await
+            .unwrap_err();
+        assert!(refused.to_string().contains("no such table"), "{refused:?}");
+        threads
+            .write(insert("INSERT INTO child VALUES (1)"))
+            .await
+            .unwrap();
+        assert_eq!(children(&threads).await, 2);
+        threads.close().await;
+    }
 }

@@ -17,20 +17,22 @@ use super::{
     LeaseKind, SqliteStore, create_session, holds_session_lease, records, release_lease,
     take_lease, tree,
 };
+use crate::store::{Appended, Lease};
 use crate::{Error, Result};
 
 /// What the one job of an open did.
 enum FirstTry {
-    Opened(TurnOpened),
+    Opened((Lease, Vec<Appended>)),
     /// Someone else holds the lease: the open (its append not done) comes back for the wait.
     Busy(TurnOpen),
 }
 
 impl SqliteStore {
     pub(super) async fn open_turn_job(&self, open: TurnOpen) -> Result<TurnOpened> {
-        let first = self
+        // Answered once the job has run: the commit is written while the request goes on.
+        let (first, committed) = self
             .threads
-            .write(move |conn| {
+            .write_early(move |conn| {
                 create_session(conn, &open.tenant, &open.session, &open.scope)?;
                 let (tenant, session) = (open.tenant.clone(), open.session.clone());
                 let taken = take_lease(conn, LeaseKind::Session, tenant, session, open.ttl, None)?;
@@ -45,11 +47,15 @@ impl SqliteStore {
                         tree::append(conn, &lease.tenant, &lease.session, a.parent, &a.messages)?
                     }
                 };
-                Ok(FirstTry::Opened(TurnOpened { lease, appended }))
+                Ok(FirstTry::Opened((lease, appended)))
             })
             .await?;
         match first {
-            FirstTry::Opened(opened) => Ok(opened),
+            FirstTry::Opened((lease, appended)) => Ok(TurnOpened {
+                lease,
+                appended,
+                committed,
+            }),
             FirstTry::Busy(open) => {
                 // The holder's close may be queued, deferred: it should not wait for company.
                 self.threads.hurry();
