@@ -255,11 +255,7 @@ impl Threads {
             ran: Some(ran),
             committed,
         });
-        {
-            let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
-            let queues = queues.as_ref().ok_or_else(closed)?;
-            queues.write.send(job).map_err(|_| closed())?;
-        }
+        self.queue(job)?;
         let value = outcome.await.map_err(|_| closed())??;
         Ok((value, Committed::pending(commit)))
     }
@@ -276,10 +272,8 @@ impl Threads {
             result: None,
             reply: oneshot::channel().0,
         });
-        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(queues) = queues.as_ref() {
-            let _ = queues.write.send(job);
-        }
+        // A closed store drops it.
+        let _ = self.queue(job);
     }
 
     /// Commits deferred writes now (someone started waiting for one).
@@ -290,10 +284,7 @@ impl Threads {
             result: None,
             reply: oneshot::channel().0,
         });
-        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(queues) = queues.as_ref() {
-            let _ = queues.write.send(nothing);
-        }
+        let _ = self.queue(nothing);
     }
 
     async fn submit<T, F>(&self, urgent: bool, work: F) -> Result<T>
@@ -308,12 +299,15 @@ impl Threads {
             result: None,
             reply,
         });
-        {
-            let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
-            let queues = queues.as_ref().ok_or_else(closed)?;
-            queues.write.send(job).map_err(|_| closed())?;
-        }
+        self.queue(job)?;
         answer.await.map_err(|_| closed())?
+    }
+
+    /// Hands a job to the writer (`closed` once the store is).
+    fn queue(&self, job: Box<dyn WriteJob>) -> Result<()> {
+        let queues = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        let queues = queues.as_ref().ok_or_else(closed)?;
+        queues.write.send(job).map_err(|_| closed())
     }
 
     /// Runs `work` on a reader connection (on the writer for an in-memory database).
