@@ -210,6 +210,11 @@ pub struct Server {
 }
 
 impl Server {
+    /// The store the server uses (for its owner to close once `run` is over).
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.state.store.clone()
+    }
+
     /// Binds the configured (or given) address.
     pub async fn bind(config: Config, listen: Option<SocketAddr>) -> Result<Server> {
         let addr = match listen {

@@ -75,7 +75,12 @@ async fn serve(path: PathBuf) -> ctxproxy::Result<()> {
     let config = load_config(&path)?;
     let server = Server::bind(config, None).await?;
     tracing::info!(addr = %server.local_addr()?, config = %path.display(), "ctxproxy listening");
-    server.run(shutdown_signal()).await
+    let store = server.store();
+    let served = server.run(shutdown_signal()).await;
+    // As `migrate` does: SQLite then empties its write-ahead log into the database file, so
+    // the file is whole on its own once the process has stopped.
+    store.close().await;
+    served
 }
 
 /// Reads only the server file's database: tenant files are no business of a migration.

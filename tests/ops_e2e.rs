@@ -588,6 +588,39 @@ async fn a_session_held_by_a_killed_proxy_goes_on_after_a_restart() {
     assert_eq!(contents, ["first", "second", "ok: 2 messages"], "{stored}");
 }
 
+/// `serve` stopped by SIGTERM closes its store: SQLite's write-ahead log is emptied into the
+/// database file and removed, so the file alone (copied, backed up) holds every turn.
+#[tokio::test]
+async fn a_stopped_proxy_leaves_its_database_whole_in_one_file() {
+    let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
+    let opts = ProxyOptions::default();
+    let mut proxy = BinaryProxy::start(&opts, &mock.base_url()).await;
+    let resp = client()
+        .post(format!("{}/chat/completions", proxy.base_url()))
+        .header("x-session-id", "s-stopped")
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "kept"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(proxy.terminate().await, "{}", proxy.log());
+    let db = proxy.dir.path().join("ctxproxy.db");
+    let wal = proxy.dir.path().join("ctxproxy.db-wal");
+    assert!(!wal.exists(), "the write-ahead log is left: {wal:?}");
+    // The file on its own, copied away from anything beside it.
+    let copy = proxy.dir.path().join("copy.db");
+    std::fs::copy(&db, &copy).unwrap();
+    let conn = rusqlite::Connection::open(&copy).unwrap();
+    let stored: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM messages WHERE session_id = 's-stopped'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stored, 2, "the question and its reply");
+}
+
 /// A log filter or format that does not parse is not silently ignored: the proxy starts with
 /// the defaults and says so.
 #[tokio::test]

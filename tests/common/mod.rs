@@ -364,6 +364,22 @@ impl BinaryProxy {
         std::fs::read_to_string(self.dir.path().join("ctxproxy.log")).unwrap_or_default()
     }
 
+    /// Stops the process as a service manager does (SIGTERM) and waits (bounded) for it to
+    /// exit; returns whether it exited successfully.
+    pub async fn terminate(&mut self) -> bool {
+        let pid = self.child.id().expect("the process is running");
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let exited = tokio::time::timeout(std::time::Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the process exits after SIGTERM")
+            .unwrap();
+        exited.success()
+    }
+
     /// Stops the child (it is ours: started by this helper).
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
