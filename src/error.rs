@@ -57,6 +57,10 @@ pub enum Error {
     /// The upstream could not be reached (connect refused, DNS, TLS, reset before a response).
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
+    /// The upstream answered a call of the proxy's own (a summary) with an error status. (A
+    /// client's call relays the upstream's answer, whatever its status.)
+    #[error("upstream answered {0}")]
+    UpstreamRefused(String),
     /// The upstream did not answer (or stopped sending) within the configured time.
     #[error("upstream timed out after {0:?}")]
     UpstreamTimeout(Duration),

@@ -61,6 +61,12 @@ impl Error {
                 "upstream_error",
                 Some("upstream_unreachable"),
             ),
+            // Only the proxy's own calls (summaries, never a client's answer) end this way.
+            Error::UpstreamRefused(_) => (
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                Some("upstream_refused"),
+            ),
             Error::UpstreamTimeout(_) | Error::UpstreamConnectTimeout => (
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_error",

@@ -219,8 +219,8 @@ pub async fn summarise(target: &Target<'_>, body: &Value) -> Result<String> {
             .await
             .map_err(|e| map_reqwest(e, target.timeout))?;
         if !status.is_success() {
-            return Err(Error::UpstreamUnreachable(format!(
-                "summariser answered {status}"
+            return Err(Error::UpstreamRefused(format!(
+                "the summary call with {status}"
             )));
         }
         summary_text(&answer)
@@ -314,5 +314,39 @@ mod tests {
         assert!(summary_text(empty).is_err());
         let ok = br#"{"choices":[{"message":{"content":"facts"}}]}"#;
         assert_eq!(summary_text(ok).unwrap(), "facts");
+    }
+}
+
+#[cfg(test)]
+mod call_tests {
+    use super::*;
+    use crate::mock_upstream::{ScriptEntry, spawn};
+
+    /// A summariser that answers with an error status is a refusal, said as such in the log,
+    /// not an upstream that could not be reached.
+    #[tokio::test]
+    async fn an_error_status_is_a_refusal_not_an_unreachable_upstream() {
+        crate::install_crypto_provider();
+        let mock = spawn(Duration::ZERO).await;
+        mock.set_script(vec![ScriptEntry {
+            matches: "summarise me".into(),
+            status: 401,
+            content: "no".into(),
+        }]);
+        let base_url = mock.base_url();
+        let target = Target {
+            base_url: &base_url,
+            credentials: &HeaderMap::new(),
+            query: None,
+            client: &reqwest::Client::new(),
+            timeout: Duration::from_secs(5),
+        };
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "summarise me"}]});
+        let refused = summarise(&target, &body).await.unwrap_err();
+        assert!(matches!(refused, Error::UpstreamRefused(_)), "{refused:?}");
+        assert_eq!(
+            refused.to_string(),
+            "upstream answered the summary call with 401 Unauthorized"
+        );
     }
 }
