@@ -5,7 +5,8 @@
 //! [`MAX_BATCH`]), runs them in one `BEGIN IMMEDIATE` transaction, each inside its own
 //! `SAVEPOINT` (a failing job is rolled back to it and keeps its error, the others go on),
 //! commits once and only then answers. Each job stays atomic and isolated; the batch shares one
-//! WAL write and one commit.
+//! WAL write and one commit. An early job (a turn's open) is answered as soon as it has run, and
+//! told apart whether its batch committed, so its caller can go on while the commit is written.
 //!
 //! Reader threads (for a file database) each own a connection and pull jobs from one shared
 //! queue; WAL lets them read beside the writer. For an in-memory database there is one
