@@ -595,14 +595,16 @@ async fn a_stopped_proxy_leaves_its_database_whole_in_one_file() {
     let mock = ctxproxy::mock_upstream::spawn(Duration::ZERO).await;
     let opts = ProxyOptions::default();
     let mut proxy = BinaryProxy::start(&opts, &mock.base_url()).await;
-    let resp = client()
-        .post(format!("{}/chat/completions", proxy.base_url()))
-        .header("x-session-id", "s-stopped")
-        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "kept"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    for n in 0..10 {
+        let resp = client()
+            .post(format!("{}/chat/completions", proxy.base_url()))
+            .header("x-session-id", format!("s-stopped-{n}"))
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "kept"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
     assert!(proxy.terminate().await, "{}", proxy.log());
     let db = proxy.dir.path().join("ctxproxy.db");
     let wal = proxy.dir.path().join("ctxproxy.db-wal");
@@ -613,12 +615,12 @@ async fn a_stopped_proxy_leaves_its_database_whole_in_one_file() {
     let conn = rusqlite::Connection::open(&copy).unwrap();
     let stored: i64 = conn
         .query_row(
-            "SELECT count(*) FROM messages WHERE session_id = 's-stopped'",
+            "SELECT count(*) FROM messages WHERE session_id LIKE 's-stopped-%'",
             [],
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!(stored, 2, "the question and its reply");
+    assert_eq!(stored, 20, "each question and its reply");
 }
 
 /// A log filter or format that does not parse is not silently ignored: the proxy starts with

@@ -158,6 +158,8 @@ pub(super) struct Threads {
     handles: Mutex<Vec<JoinHandle<()>>>,
     /// An in-memory database has one connection: the writer's.
     reads_on_writer: bool,
+    /// The database, for the last connection `close` opens.
+    target: Target,
 }
 
 impl Threads {
@@ -219,6 +221,7 @@ impl Threads {
             })),
             handles: Mutex::new(handles),
             reads_on_writer: target.in_memory(),
+            target,
         })
     }
 
@@ -341,13 +344,31 @@ impl Threads {
                 .take(),
         );
         let handles = std::mem::take(&mut *self.handles.lock().unwrap_or_else(|p| p.into_inner()));
+        if handles.is_empty() {
+            return;
+        }
+        let target = self.target.clone();
         // Joining blocks: not on a tokio worker.
         let _ = tokio::task::spawn_blocking(move || {
             for handle in handles {
                 let _ = handle.join();
             }
+            close_alone(&target);
         })
         .await;
+    }
+}
+
+/// Opens one more connection once every thread's is closed, reads, and closes it. SQLite removes
+/// the write-ahead log when the last connection to the database closes, but the threads' close
+/// together and each may take another for the last (an empty log was left after one stop in
+/// three): this one is the last, unless another process has the database open.
+fn close_alone(target: &Target) {
+    if target.in_memory() || target.read_only() {
+        return;
+    }
+    if let Ok(conn) = target.open_reader() {
+        let _ = conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()));
     }
 }
 
