@@ -107,11 +107,13 @@ m = open(f"{out}/metrics.txt").read()
 for op in sorted(set(re.findall(r'ctxproxy_store_duration_seconds_count\{op="([^"]+)"\}', m))):
     total_s = float(re.search(rf'ctxproxy_store_duration_seconds_sum\{{op="{op}"\}} (\S+)', m).group(1))
     count = float(re.search(rf'ctxproxy_store_duration_seconds_count\{{op="{op}"\}} (\S+)', m).group(1))
+    if count == 0:
+        continue
     print(f"  store {op}: mean {total_s / count * 1000:.3f} ms over {count:.0f}")
 for name in ("ctxproxy_overhead_seconds",):
     s = re.search(rf'{name}_sum\{{[^}}]*\}} (\S+)', m)
     c = re.search(rf'{name}_count\{{[^}}]*\}} (\S+)', m)
-    if s and c:
+    if s and c and float(c.group(1)) > 0:
         print(f"  overhead (request minus upstream): mean {float(s.group(1)) / float(c.group(1)) * 1000:.3f} ms")
 EOF
 if [[ -n "${PERF:-}" ]]; then
