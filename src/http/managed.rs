@@ -726,8 +726,8 @@ pub(super) fn client_key_hash(headers: &HeaderMap) -> Option<String> {
 }
 
 /// A Responses request's `item_reference`s to reply items the client's key (hashed as
-/// `key_hash`) stored, resolved to those items (`session::references`). Not where the upstream holds the conversation: it
-/// holds those items, and sent again they would be duplicates.
+/// `key_hash`) stored, resolved to those items (`session::references`). Not where the upstream
+/// holds the conversation: it holds those items, and sent again they would be duplicates.
 pub(crate) async fn resolve_references(
     state: &AppState,
     tenant: &Tenant,

@@ -57,7 +57,8 @@ pub struct Committed(CommitState);
 #[derive(Debug)]
 enum CommitState {
     Done,
-    Waiting(oneshot::Receiver<Result<()>>),
+    /// Answered with the reason when the commit failed.
+    Waiting(oneshot::Receiver<std::result::Result<(), String>>),
     Failed(String),
 }
 
@@ -68,22 +69,19 @@ impl Committed {
     }
 
     /// A write whose commit `commit` will report.
-    pub(crate) fn pending(commit: oneshot::Receiver<Result<()>>) -> Committed {
+    pub(crate) fn pending(commit: oneshot::Receiver<std::result::Result<(), String>>) -> Committed {
         Committed(CommitState::Waiting(commit))
     }
 
     /// Waits for the commit (at once once it is known); a failure stays for later callers.
     pub async fn wait(&mut self) -> Result<()> {
         if let CommitState::Waiting(commit) = &mut self.0 {
-            let outcome = commit.await.unwrap_or_else(|_| {
-                Err(Error::StoreUnavailable(
-                    "the store closed before the commit".into(),
-                ))
-            });
+            let outcome = commit
+                .await
+                .unwrap_or_else(|_| Err("the store closed before the commit".into()));
             self.0 = match outcome {
                 Ok(()) => CommitState::Done,
-                Err(Error::StoreUnavailable(reason)) => CommitState::Failed(reason),
-                Err(e) => CommitState::Failed(e.to_string()),
+                Err(reason) => CommitState::Failed(reason),
             };
         }
         match &self.0 {

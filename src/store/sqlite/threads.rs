@@ -99,7 +99,8 @@ where
 struct Early<T, F> {
     work: Option<F>,
     ran: Option<oneshot::Sender<Result<T>>>,
-    committed: oneshot::Sender<Result<()>>,
+    /// The reason when the batch did not commit.
+    committed: oneshot::Sender<std::result::Result<(), String>>,
 }
 
 impl<T, F> WriteJob for Early<T, F>
@@ -124,12 +125,14 @@ where
     }
 
     fn answer(self: Box<Self>, lost: Option<&str>) {
-        let error = || Error::StoreUnavailable(lost.unwrap_or_default().to_string());
         // Never run (the batch could not begin): the outcome is the batch's.
         if let Some(ran) = self.ran {
-            let _ = ran.send(Err(error()));
+            let reason = lost.unwrap_or_default().to_string();
+            let _ = ran.send(Err(Error::StoreUnavailable(reason)));
         }
-        let _ = self.committed.send(lost.map_or(Ok(()), |_| Err(error())));
+        let _ = self
+            .committed
+            .send(lost.map_or(Ok(()), |r| Err(r.to_string())));
     }
 }
 
