@@ -37,16 +37,18 @@ fn droppable(item: &Item<'_>) -> bool {
     item.history && item.index.is_some() && !item.msg.role.is_instruction()
 }
 
+/// Returns whether the whole request fitted (`keeps_all`): then nothing was dropped, and
+/// nothing would be on a later turn that still fits (see `settled.rs`).
 pub(crate) fn apply(
     work: &mut Work<'_>,
     budget: &TokenBudget,
     context_window: u64,
     tools_tokens: u64,
     unanswered: UnansweredCalls,
-) {
+) -> bool {
     let limit = budget.limit(context_window);
     if unanswered == UnansweredCalls::Drop && keeps_all(&work.items, limit, tools_tokens) {
-        return;
+        return true;
     }
     let encoding = work.encoding;
     let items = &work.items;
@@ -83,13 +85,14 @@ pub(crate) fn apply(
         kept += 1;
     }
     if kept == 0 {
-        return;
+        return false;
     }
     let mut drop = vec![false; items.len()];
     for &p in candidates[..kept].iter().flatten() {
         drop[p] = true;
     }
     work.remove_marked(RemoveReason::TokenBudget, &drop);
+    false
 }
 
 /// The segments of SPEC 5 step 6 (positions; oldest first by their first message): an
@@ -135,11 +138,15 @@ fn groups(items: &[Item<'_>], current_start: usize) -> Vec<Vec<usize>> {
 /// and costing each: the whole request fits (so every segment fits, newest first) and the first
 /// segment the budget may drop starts at a `user` message (so none is let go to make the kept
 /// history start at one). Only for `unanswered_calls: drop`, where a segment costs its tokens.
-fn keeps_all(items: &[Item<'_>], limit: u64, tools_tokens: u64) -> bool {
+pub(crate) fn keeps_all(items: &[Item<'_>], limit: u64, tools_tokens: u64) -> bool {
     let total: u64 = items.iter().map(|i| i.tokens).sum();
-    if REQUEST_OVERHEAD + tools_tokens + total > limit {
-        return false;
-    }
+    REQUEST_OVERHEAD + tools_tokens + total <= limit
+        && first_droppable(items).is_none_or(|(_, user)| user)
+}
+
+/// The first segment the budget may drop, as the index (in the conversation as given) of its
+/// first message and whether that is a `user` message; `None` when the budget may drop none.
+pub(crate) fn first_droppable(items: &[Item<'_>]) -> Option<(usize, bool)> {
     // The segments from the start, as `segments` makes them, up to the first the budget may
     // drop; `current` tells whether the current turn has started at or before a position.
     let mut pos = 0;
@@ -155,10 +162,11 @@ fn keeps_all(items: &[Item<'_>], limit: u64, tools_tokens: u64) -> bool {
             }
         }
         if !current && droppable(&items[start]) {
-            return items[start].msg.role == Role::User;
+            let index = items[start].index.unwrap_or(0);
+            return Some((index, items[start].msg.role == Role::User));
         }
     }
-    true
+    None
 }
 
 /// Tokens of the results repair would make up for the calls of a segment that has no result

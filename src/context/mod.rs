@@ -30,6 +30,7 @@ pub mod policy;
 pub mod repair;
 pub mod report;
 pub mod segments;
+pub mod settled;
 pub mod summary;
 pub mod tool_access;
 pub mod tool_filter;
@@ -43,7 +44,7 @@ use std::ops::Range;
 
 use serde_json::Value;
 
-use crate::conversation::{Message, MessageId};
+use crate::conversation::{Message, MessageId, Role};
 use crate::error::{Error, Result};
 use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
 
@@ -54,6 +55,8 @@ pub use report::{
 pub use summary::{Entry, StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::{builtin_tool_of, offered_tool_names, offers_any, tool_name, tools_called};
 
+use settled::Memory;
+use tool_window::WindowCut;
 use work::{Item, Msg, Work, current_turn_start};
 
 /// The per-role tool access of this request (SPEC 6), as far as the history is concerned.
@@ -160,13 +163,39 @@ impl Plan {
     }
 
     /// The rewritten conversation, moving the unchanged messages out of `messages` (the
-    /// conversation the plan was made from), which is left holding empty messages
-    /// ([`Message::empty`]) in their place and the messages the rewrite dropped.
-    pub fn take_from(self, messages: &mut [Message]) -> Rewritten {
-        self.assemble(|out, run| {
-            let taken = messages.get_mut(run).unwrap_or_default().iter_mut();
-            out.extend(taken.map(|m| std::mem::replace(m, Message::empty())));
-        })
+    /// conversation the plan was made from), which is left holding the messages the rewrite
+    /// did not send, in their order.
+    pub fn take_from(self, messages: &mut Vec<Message>) -> Rewritten {
+        let in_order = self
+            .parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Unchanged(run) => Some(run),
+                Part::Changed(_) => None,
+            })
+            .try_fold(0, |at, run| (run.start >= at).then_some(run.end))
+            .is_some_and(|end| end <= messages.len());
+        if !in_order {
+            // Repair moved a result before an earlier message: take each run where it is.
+            let mut slots: Vec<Option<Message>> =
+                std::mem::take(messages).into_iter().map(Some).collect();
+            let rewritten = self.assemble(|out, run| {
+                let taken = slots.get_mut(run).unwrap_or_default().iter_mut();
+                out.extend(taken.filter_map(Option::take));
+            });
+            messages.extend(slots.into_iter().flatten());
+            return rewritten;
+        }
+        // The usual case: one pass, each message moved once, into the output or back.
+        let mut given = std::mem::take(messages).into_iter();
+        let mut at = 0;
+        let rewritten = self.assemble(|out, run| {
+            messages.extend(given.by_ref().take(run.start - at));
+            out.extend(given.by_ref().take(run.len()));
+            at = run.end;
+        });
+        messages.extend(given);
+        rewritten
     }
 
     /// The messages of the plan in order, `unchanged(out, run)` appending the input's messages
@@ -216,7 +245,21 @@ pub fn plan<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<P
 pub struct Early<'a> {
     work: Work<'a>,
     input: PipelineInput<'a>,
+    counter: &'a TokenCounter,
     tools_tokens: u64,
+    /// For remembering the conversation's settled start (and going on from an earlier one).
+    memory: Option<Memory>,
+    /// What a settled start is chosen from (with `memory` only).
+    seen: Option<Seen>,
+}
+
+/// What steps 1–4 saw that choosing a settled start needs, from where the run started.
+struct Seen {
+    /// Tokens of each message as given.
+    given_tokens: Vec<u64>,
+    /// Each message's call ([`link_results`](segments::link_results)), relative positions.
+    links: Vec<Option<(usize, usize)>>,
+    window: Option<WindowCut>,
 }
 
 /// Runs steps 1–4 over `input`, stopping before the summary. A new summary is planned over and
@@ -224,9 +267,10 @@ pub struct Early<'a> {
 /// it must not read what they removed, nor be triggered by what they shortened. The caller then
 /// finishes the run with the summary to apply ([`Early::finish`]); `input.summary` is not read.
 ///
+/// A long conversation whose start an earlier turn settled (see [`settled`]) is run from there.
+///
 /// Fails with [`Error::Internal`] when `ids` is not parallel to `messages`.
 pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<Early<'a>> {
-    let encoding = input.model.encoding;
     if let Some(ids) = input.ids
         && ids.len() != input.messages.len()
     {
@@ -236,22 +280,51 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
             input.messages.len()
         )));
     }
+    let memory = Memory::of(&input, counter);
+    let early = begin_at(input, counter, memory)?;
+    if early.resumed_fits() {
+        return Ok(early);
+    }
+    let memory = early.memory.map(Memory::whole);
+    begin_at(input, counter, memory)
+}
+
+/// Steps 1–4 over the messages from `memory`'s start on (all of them without one).
+fn begin_at<'a>(
+    input: PipelineInput<'a>,
+    counter: &'a TokenCounter,
+    memory: Option<Memory>,
+) -> Result<Early<'a>> {
+    let encoding = input.model.encoding;
+    let resumed = memory.as_ref().and_then(|m| m.resumed.clone());
+    let start = memory.as_ref().map_or(0, Memory::start);
+    let given = &input.messages[start..];
     // `functions` is sent beside `tools` and counted the same way (its JSON).
     let json_tokens = |v: Option<&Value>| v.map_or(0, |t| counter.tools(encoding, t));
     let tools_tokens = json_tokens(input.tools) + json_tokens(input.functions);
     let history_end = current_turn_start(input.messages);
-    // One batch: one cache lock for the whole conversation, new text tokenised together.
-    let counts = counter.messages(encoding, input.messages, input.ids);
-    let items: Vec<Item<'_>> = input
-        .messages
+    // One batch: one cache lock for all the messages run over, new text tokenised together.
+    let counts = match &memory {
+        Some(m) => counter.messages_spelled(
+            encoding,
+            given,
+            start,
+            input.ids.map(|ids| {
+                let s = &m.spellings;
+                (&ids[start..], &s.each[start..], &s.chained[start..])
+            }),
+        ),
+        None => counter.messages(encoding, given, input.ids),
+    };
+    let items: Vec<Item<'_>> = given
         .iter()
-        .zip(counts)
+        .zip(&counts)
         .enumerate()
-        .map(|(index, (m, tokens))| Item {
+        .map(|(offset, (m, &tokens))| Item {
             msg: Msg::Borrowed(m),
-            index: Some(index),
+            index: Some(start + offset),
             tokens,
-            history: index < history_end,
+            history: start + offset < history_end,
             placeholders: 0,
         })
         .collect();
@@ -267,7 +340,10 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
     };
     let client_tools_tokens = json_tokens(input.client_tools.or(input.tools))
         + json_tokens(input.client_functions.or(input.functions));
-    work.report.tokens_in = work.messages_tokens() + REQUEST_OVERHEAD + client_tools_tokens;
+    work.report.tokens_in = resumed.as_ref().map_or(0, |s| s.tokens_in())
+        + work.messages_tokens()
+        + REQUEST_OVERHEAD
+        + client_tools_tokens;
 
     let policy = input.policy;
     if let Some(access) = input.tool_access.filter(|a| a.scrub_history) {
@@ -276,16 +352,25 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
     if let Some(filter) = &policy.tool_filter {
         tool_filter::apply(&mut work, filter);
     }
-    if let Some(window) = &policy.tool_call_window {
-        tool_window::apply(&mut work, window, policy.repair().unanswered_calls);
-    }
+    let window = policy
+        .tool_call_window
+        .as_ref()
+        .map(|window| tool_window::apply(&mut work, window, policy.repair().unanswered_calls));
     if let Some(c) = &policy.compress_tool_output {
         compress::apply(&mut work, c);
     }
+    let seen = memory.as_ref().map(|_| Seen {
+        given_tokens: counts,
+        links: segments::link_all(given),
+        window,
+    });
     Ok(Early {
         work,
         input,
+        counter,
         tools_tokens,
+        memory,
+        seen,
     })
 }
 
@@ -333,35 +418,134 @@ impl<'a> Early<'a> {
         }
     }
 
+    /// Where this run took over from an earlier turn's settled start (see [`settled`]): the
+    /// index of the first message it ran over; `None` when it runs over the whole conversation.
+    pub fn resumed_from(&self) -> Option<usize> {
+        self.memory.as_ref()?.resumed.as_ref().map(|s| s.end())
+    }
+
+    /// Whether a run that went on from an earlier turn's settled start may stand for a run
+    /// over the whole conversation, as far as steps 1–4 tell (see [`settled`]): every result
+    /// from the start on answers a call from there, and the window (if the start's calls
+    /// reached it) cut after the start again. False when the run did not go on from one.
+    fn resumed_fits(&self) -> bool {
+        let (Some(memory), Some(seen)) = (&self.memory, &self.seen) else {
+            return false;
+        };
+        let Some(settled) = &memory.resumed else {
+            return false;
+        };
+        let rest = &self.input.messages[settled.end()..];
+        let linked = rest
+            .iter()
+            .zip(&seen.links)
+            .all(|(m, link)| m.role != Role::Tool || link.is_some());
+        let window_ok = !settled.window_calls() || seen.window.is_none_or(|w| w.found);
+        linked && window_ok
+    }
+
     /// Runs steps 5–7, applying `summary` (whose `covers_until` is an index into the
     /// conversation as given).
     ///
     /// Fails with [`Error::ContextLengthExceeded`] when the rewritten request is still larger
     /// than the model's context window (the upstream must then not be called).
     pub fn finish(self, summary: Option<&StoredSummary>) -> Result<Plan> {
+        let resumed = self.memory.as_ref().and_then(|m| m.resumed.clone());
+        if resumed.is_some() && summary.is_some() {
+            return self.run_whole()?.finish(summary);
+        }
         let Early {
             mut work,
             input,
+            counter,
             tools_tokens,
+            memory,
+            seen,
         } = self;
         let policy = input.policy;
         if let Some(s) = summary {
             summary::apply(&mut work, s);
         }
         let repair = policy.repair();
+        // Whether the budget kept every message (so the start may be settled).
+        let mut kept_all = true;
         if let Some(b) = &policy.token_budget {
-            budget::apply(
-                &mut work,
-                b,
-                input.model.context_window,
-                tools_tokens,
-                repair.unanswered_calls,
-            );
+            let limit = b.limit(input.model.context_window);
+            match &resumed {
+                // Over the whole, the budget would keep everything (`budget::keeps_all`);
+                // otherwise the whole conversation is run after all.
+                Some(settled) => {
+                    let fixed = REQUEST_OVERHEAD + tools_tokens;
+                    if !settled.budget_keeps_all(&work.items, limit, fixed) {
+                        let early = begin_at(input, counter, memory.map(Memory::whole))?;
+                        return early.finish(summary);
+                    }
+                }
+                None => {
+                    kept_all = budget::apply(
+                        &mut work,
+                        b,
+                        input.model.context_window,
+                        tools_tokens,
+                        repair.unanswered_calls,
+                    );
+                }
+            }
         }
+        // The start to remember, chosen before repair moves anything.
+        let start = resumed.as_ref().map_or(0, |s| s.end());
+        let chosen = match (&memory, &seen) {
+            (Some(_), Some(seen)) if kept_all && summary.is_none() => settled::choose_end(
+                input.messages,
+                start,
+                current_turn_start(input.messages),
+                seen.window,
+                &seen.links,
+            )
+            .map(|end| {
+                let budget_tokens: u64 = work
+                    .items
+                    .iter()
+                    .filter(|i| i.index.is_some_and(|x| x < end))
+                    .map(|i| i.tokens)
+                    .sum();
+                (end, budget_tokens, budget::first_droppable(&work.items))
+            }),
+            _ => None,
+        };
         repair::apply(&mut work, &repair);
         work.settle_report();
 
-        let tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
+        if let (Some(memory), Some(seen), Some((end, budget_tokens, first_droppable))) =
+            (&memory, &seen, chosen)
+            && let Some(last) = input.ids.and_then(<[MessageId]>::last)
+        {
+            let extension = settled::Extension {
+                items: &work.items,
+                report: &work.report,
+                calls: &work.calls,
+                given_tokens: &seen.given_tokens,
+                budget_tokens,
+                first_droppable,
+                window_cut: seen.window.is_some_and(|w| w.found),
+            };
+            let next = settled::extend(
+                resumed.as_deref(),
+                start,
+                end,
+                input.messages.len(),
+                extension,
+            );
+            if let Some(next) = next {
+                memory.remember(counter, input.model.encoding, last, next);
+            }
+        }
+
+        let before = resumed.as_ref().map_or(0, |s| s.tokens_out());
+        if let Some(settled) = &resumed {
+            settled.prepend_report(&mut work.report, &mut work.calls);
+        }
+        let tokens_out = before + work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
         work.report.tokens_out = tokens_out;
         if tokens_out > input.model.context_window {
             return Err(Error::ContextLengthExceeded {
@@ -371,14 +555,27 @@ impl<'a> Early<'a> {
                 report: Box::new(std::mem::take(&mut work.report)),
             });
         }
-        Ok(work.into_plan())
+        let mut plan = work.into_plan();
+        if let Some(settled) = &resumed {
+            plan.put_in_front(settled.parts());
+        }
+        Ok(plan)
+    }
+
+    /// This run over the whole conversation (when it went on from a settled start that a
+    /// later step cannot use).
+    fn run_whole(self) -> Result<Early<'a>> {
+        begin_at(self.input, self.counter, self.memory.map(Memory::whole))
     }
 
     /// Ends the run after steps 1–4, skipping summary, budget and repair: for a conversation
     /// that continues history only the upstream holds (a Responses `previous_response_id` the
     /// proxy does not know), where those steps would be blind (repair would drop the results of
     /// calls it cannot see) but a role's history scrub still applies to what the proxy sees.
-    pub fn finish_without_history(self) -> Plan {
+    pub fn finish_without_history(self) -> Result<Plan> {
+        if self.memory.as_ref().is_some_and(|m| m.resumed.is_some()) {
+            return self.run_whole()?.finish_without_history();
+        }
         let Early {
             mut work,
             tools_tokens,
@@ -386,7 +583,29 @@ impl<'a> Early<'a> {
         } = self;
         work.settle_report();
         work.report.tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
-        work.into_plan()
+        Ok(work.into_plan())
+    }
+}
+
+impl Plan {
+    /// Puts a settled start's parts in front of this plan's (which begin after it).
+    fn put_in_front<'s>(&mut self, front: impl Iterator<Item = &'s settled::SettledPart>) {
+        let mut parts: Vec<Part> = Vec::with_capacity(front.size_hint().0 + self.parts.len());
+        let rest = std::mem::take(&mut self.parts);
+        let front = front.map(|p| match p {
+            settled::SettledPart::Unchanged(run) => Part::Unchanged(run.clone()),
+            settled::SettledPart::Changed(m) => Part::Changed(Box::new((**m).clone())),
+        });
+        for part in front.chain(rest) {
+            match (parts.last_mut(), part) {
+                // One run across a join, as a run over the whole would have it.
+                (Some(Part::Unchanged(last)), Part::Unchanged(run)) if run.start == last.end => {
+                    last.end = run.end
+                }
+                (_, part) => parts.push(part),
+            }
+        }
+        self.parts = parts;
     }
 }
 

@@ -39,6 +39,65 @@ impl Policy {
         }
     }
 
+    /// Feeds every setting into `h`, for telling policies apart in a memo key (see
+    /// `settled.rs`). Each struct is taken apart whole, so that a new setting cannot be
+    /// forgotten here.
+    pub fn fingerprint(&self, h: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        let Policy {
+            tool_filter,
+            tool_call_window,
+            compress_tool_output,
+            summary,
+            token_budget,
+            repair,
+        } = self;
+        if let Some(ToolFilter {
+            exclude,
+            include,
+            placeholder,
+        }) = tool_filter
+        {
+            (1u8, exclude, include, placeholder).hash(h);
+        }
+        if let Some(ToolCallWindow { max, unit }) = tool_call_window {
+            (2u8, max, *unit == WindowUnit::Turn).hash(h);
+        }
+        if let Some(CompressToolOutput { max_tokens }) = compress_tool_output {
+            (3u8, max_tokens).hash(h);
+        }
+        if let Some(SummaryPolicy {
+            model,
+            trigger_tokens,
+            target_tokens,
+            min_messages,
+            blocking,
+            prompt,
+        }) = summary
+        {
+            (
+                4u8,
+                model,
+                trigger_tokens,
+                target_tokens,
+                min_messages,
+                blocking,
+                prompt,
+            )
+                .hash(h);
+        }
+        if let Some(TokenBudget {
+            max_tokens,
+            target_ratio,
+        }) = token_budget
+        {
+            (5u8, max_tokens, target_ratio.map(f64::to_bits)).hash(h);
+        }
+        if let Some(Repair { unanswered_calls }) = repair {
+            (6u8, *unanswered_calls == UnansweredCalls::Placeholder).hash(h);
+        }
+    }
+
     /// Repair settings in force (repair always runs).
     pub fn repair(&self) -> Repair {
         self.repair.unwrap_or_default()

@@ -63,6 +63,24 @@ pub fn link_near<'m>(
     Some(Some((owner, call)))
 }
 
+/// [`link_results`] of `messages`, each result linked near its call where it sits there (see
+/// [`link_near`]), the whole map made only when one does not: a hash per call spared on a
+/// conversation whose results follow their calls.
+pub fn link_all(messages: &[Message]) -> Vec<Option<(usize, usize)>> {
+    let mut links = Vec::with_capacity(messages.len());
+    let mut last_caller = None;
+    for (pos, m) in messages.iter().enumerate() {
+        match link_near(|p| &messages[p], pos, last_caller) {
+            Some(link) => links.push(link),
+            None => return link_results(messages.iter()),
+        }
+        if m.role == Role::Assistant && m.has_tool_calls() {
+            last_caller = Some(pos);
+        }
+    }
+    links
+}
+
 /// Splits `messages[range]` into segments (absolute positions), oldest first.
 pub fn segments<'m>(
     messages: impl Fn(usize) -> &'m Message,
@@ -145,6 +163,22 @@ mod tests {
         // Only the result whose call is not in the nearest caller needs the full map.
         assert_eq!(answered[7], None);
         assert_eq!(answered.iter().filter(|a| a.is_none()).count(), 1);
+    }
+
+    #[test]
+    fn link_all_is_link_results() {
+        let m = conv(json!([
+            {"role":"tool","tool_call_id":"a","content":"orphan before any call"},
+            {"role":"assistant","tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}"}},
+                                              {"id":"a","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"1"},
+            {"role":"user","content":"q","tool_calls":[{"id":"b","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"b","content":"no assistant called b"},
+            {"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","tool_call_id":"a","content":"late"}
+        ]));
+        assert_eq!(link_all(&m), link_results(m.iter()));
+        assert_eq!(link_all(&m[..5]), link_results(m[..5].iter()));
     }
 
     #[test]

@@ -18,12 +18,35 @@ use super::segments::{link_near, link_results};
 use super::work::{Item, Work};
 use crate::conversation::Role;
 
-pub(crate) fn apply(work: &mut Work<'_>, window: &ToolCallWindow, unanswered: UnansweredCalls) {
+/// What the window decided, for remembering a settled start (`settled.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowCut {
+    /// Whether the window found `max` calls and removed every history call before them.
+    pub found: bool,
+    /// No history call before this index (of the conversation as given) is still sent: the
+    /// index of the message holding the first kept call, or of the first history call when
+    /// the window cut nothing (`usize::MAX` when there is none).
+    pub floor: usize,
+}
+
+pub(crate) fn apply(
+    work: &mut Work<'_>,
+    window: &ToolCallWindow,
+    unanswered: UnansweredCalls,
+) -> WindowCut {
     // The first call kept, as (assistant position, call index): found newest first, counting
     // calls (unit call) or assistant messages with calls (unit turn) until `max` are in.
     // Every history call before it goes.
     let mut cut = (usize::MAX, 0);
-    if window.max > 0 {
+    if window.max == 0 {
+        // Nothing kept: every history call goes, so none is sent before any index.
+        remove_calls(work, RemoveReason::ToolCallWindow, false, |_, _, _| true);
+        return WindowCut {
+            found: true,
+            floor: usize::MAX,
+        };
+    }
+    {
         let items = &work.items;
         let mut answered = None;
         let mut seen = 0usize;
@@ -46,12 +69,22 @@ pub(crate) fn apply(work: &mut Work<'_>, window: &ToolCallWindow, unanswered: Un
             }
         }
         if cut.0 == usize::MAX {
-            return; // fewer than `max` calls: all stay
+            // Fewer than `max` calls: all stay.
+            let first_call = items
+                .iter()
+                .find(|i| i.history && i.msg.role == Role::Assistant && i.msg.has_tool_calls());
+            return WindowCut {
+                found: false,
+                floor: first_call.and_then(|i| i.index).unwrap_or(usize::MAX),
+            };
         }
     }
+    // The message holding the first kept call stays (with that call and those after it).
+    let floor = work.items[cut.0].index.unwrap_or(0);
     remove_calls(work, RemoveReason::ToolCallWindow, false, |pos, i, _| {
         (pos, i) < cut
     });
+    WindowCut { found: true, floor }
 }
 
 /// For each call of the assistant message at `pos`, whether it counts in the window: whether

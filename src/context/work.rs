@@ -179,6 +179,9 @@ impl<'a> Work<'a> {
         report.removed.sort_by_key(|r| r.index);
         report.repaired.sort_by_key(|r| r.index);
         report.compressed.sort_by_key(|c| c.index);
+        // By message and call, not by the step that made each: a run over a settled start and
+        // the rest (`settled.rs`) then lists them as a run over the whole does.
+        self.calls.sort_by_key(|c| (c.index, c.call));
         if report.compressed.is_empty() {
             return;
         }

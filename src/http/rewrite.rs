@@ -250,7 +250,8 @@ pub async fn rewrite(
                     ..conv.pipeline_input(&no_policy, facts)
                 };
                 let rewritten = crate::cpu::run_heavy(body_bytes, || {
-                    context::begin(input, &state.tokens).map(|early| early.finish_without_history())
+                    context::begin(input, &state.tokens)
+                        .and_then(context::Early::finish_without_history)
                 })?
                 .cloned_from(&conv.messages);
                 let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);

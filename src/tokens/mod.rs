@@ -68,8 +68,12 @@ const PREFIX_PROBES: usize = 16;
 pub struct TokenCounter {
     cache: CountCache,
     compressed: Memo<Arc<Compressed>>,
-    /// The counts of whole conversations, by the id of their last message; weighed by length.
-    prefixes: Memo<Arc<[u64]>>,
+    /// The counts of conversations (or of their messages from some index on, the first
+    /// element), by the id of their last message; weighed by length.
+    prefixes: Memo<(usize, Arc<[u64]>)>,
+    /// The pipeline's settled starts of conversations, by the id of their last message (see
+    /// `context::settled`); weighed by what they hold.
+    settled: Memo<Arc<crate::context::settled::Settled>>,
 }
 
 /// A tool result as `compress_tool_output` shortened it, remembered per (encoding, message id,
@@ -111,8 +115,14 @@ impl TokenCounter {
             // Compressed results are larger than counts and rarer; a tenth of the entries.
             compressed: Memo::new(capacity / 10),
             // As many counts as the per-message cache (8 bytes each, a few MB at most).
-            prefixes: Memo::weighted(capacity, |counts| counts.len()),
+            prefixes: Memo::weighted(capacity, |(_, counts)| counts.len()),
+            settled: Memo::weighted(capacity, |s| s.weight()),
         }
+    }
+
+    /// Remembered settled starts of conversations (see `context::settled`).
+    pub(crate) fn settled(&self) -> &Memo<Arc<crate::context::settled::Settled>> {
+        &self.settled
     }
 
     /// Remembered compression results of tool messages.
@@ -177,15 +187,37 @@ impl TokenCounter {
         let ids = ids.filter(|ids| ids.len() == messages.len());
         // Each message's key is its id and its spelling; a prefix's, its last id and the
         // spellings of all its messages chained.
-        let spellings: Vec<u64> = match ids {
-            Some(_) => messages.iter().map(spelling).collect(),
-            None => Vec::new(),
+        let spelled = ids.map(|_| Spellings::of(messages));
+        let keys = ids
+            .zip(spelled.as_ref())
+            .map(|(ids, s)| (ids, &s.each[..], &s.chained[..]));
+        self.messages_spelled(encoding, messages, 0, keys)
+    }
+
+    /// [`messages`](Self::messages) with the spellings already made, for the messages of a
+    /// conversation from index `from` on: `keys` holds, parallel to `messages`, their ids,
+    /// their spellings and the conversation's spellings chained (see [`Spellings`]).
+    pub fn messages_spelled(
+        &self,
+        encoding: Encoding,
+        messages: &[Message],
+        from: usize,
+        keys: Option<(&[MessageId], &[u64], &[u64])>,
+    ) -> Vec<u64> {
+        let n = messages.len();
+        let keys = keys
+            .filter(|(ids, each, chained)| ids.len() == n && each.len() == n && chained.len() == n);
+        let ids = keys.map(|(ids, _, _)| ids);
+        let (spellings, chained): (&[u64], &[u64]) = match keys {
+            Some((_, each, chained)) => (each, chained),
+            None => (&[], &[]),
         };
-        let chained = chain_spellings(&spellings);
         // The counts of an earlier turn of this conversation, in one piece.
         let mut counts: Vec<u64> = Vec::with_capacity(messages.len());
-        if let Some(known) = ids.and_then(|ids| self.known_prefix(encoding, ids, &chained)) {
-            counts.extend_from_slice(&known);
+        if let Some((at, known)) =
+            ids.and_then(|ids| self.known_prefix(encoding, ids, chained, from))
+        {
+            counts.extend_from_slice(&known[at..]);
         }
         let start = counts.len();
         if start == messages.len() {
@@ -219,30 +251,39 @@ impl TokenCounter {
             .and_then(<[_]>::last)
             .zip(chained.last())
         {
-            self.prefixes
-                .insert_variant(encoding, last, variant, Arc::from(counts.as_slice()));
+            self.prefixes.insert_variant(
+                encoding,
+                last,
+                variant,
+                (from, Arc::from(counts.as_slice())),
+            );
         }
         counts
     }
 
     /// The remembered counts of the longest earlier conversation that `ids` continues (it ends
-    /// at one of the last [`PREFIX_PROBES`] ids, with the same spellings up to there), if any.
-    /// A chained id fixes every message before it (up to the spelling of its arguments, which
-    /// `chained` fixes), so those counts are this conversation's too.
+    /// at one of the last [`PREFIX_PROBES`] ids, with the same spellings up to there), if any,
+    /// with where in them the messages from `from` start. A chained id fixes every message
+    /// before it (up to the spelling of its arguments, which `chained` fixes), so those counts
+    /// are this conversation's too; remembered from an index at or before `from`, they cover
+    /// the messages from `from` on.
     fn known_prefix(
         &self,
         encoding: Encoding,
         ids: &[MessageId],
         chained: &[u64],
-    ) -> Option<Arc<[u64]>> {
+        from: usize,
+    ) -> Option<(usize, Arc<[u64]>)> {
         if ids.len() < PREFIX_MIN_MESSAGES {
             return None;
         }
         let oldest = ids.len().saturating_sub(PREFIX_PROBES);
         (oldest..ids.len()).rev().find_map(|end| {
-            self.prefixes
-                .get_variant(encoding, &ids[end], chained[end])
-                .filter(|counts| counts.len() == end + 1)
+            let (start, counts) = self
+                .prefixes
+                .get_variant(encoding, &ids[end], chained[end])?;
+            (start <= from && start + counts.len() == from + end + 1)
+                .then(|| (from - start, counts))
         })
     }
 
@@ -348,7 +389,45 @@ static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Defa
 /// Responses mapping does not model (made from its fields in their order; the id sorts them).
 /// Everything else the count reads the id hashes as it is, or (text parts joined, empty fields
 /// left out) as what costs the same. Costs a pass over the arguments, not over the message.
+#[inline]
 pub fn spelling(m: &Message) -> u64 {
+    // Most messages (user, tool, plain assistant text) have none of it: told from plain
+    // fields first, since every message of a long conversation is asked on every turn.
+    let plain_content = matches!(
+        m.content,
+        None | Some(Value::Null | Value::String(_) | Value::Array(_))
+    );
+    if m.tool_calls.is_none()
+        && m.name.is_none()
+        && m.extra.is_empty()
+        && plain_content
+        && !matches!(m.role, Role::Other(_))
+    {
+        return 0;
+    }
+    spelling_of(m)
+}
+
+/// [`spelling`] of a message that may have something the id leaves out.
+#[inline(never)]
+fn spelling_of(m: &Message) -> u64 {
+    // The usual case left: an assistant message with calls and nothing else to it.
+    if let Some(Some(calls)) = &m.tool_calls
+        && !calls.is_empty()
+        && m.name.is_none()
+        && m.extra.is_empty()
+        && m.role == Role::Assistant
+        && matches!(m.content, None | Some(Value::Null | Value::String(_)))
+    {
+        let mut h = SPELLING_SEED.build_hasher();
+        for call in calls {
+            call.arguments().hash(&mut h);
+        }
+        // As the general case below hashes it: no loose text, no name.
+        None::<&str>.hash(&mut h);
+        None::<&str>.hash(&mut h);
+        return h.finish();
+    }
     let loose = match &m.content {
         Some(Value::String(s)) if m.role.is_item() => Some(std::borrow::Cow::Borrowed(s.as_str())),
         // An item with media: its text part (the media parts are a count the id fixes).
@@ -377,15 +456,35 @@ pub fn spelling(m: &Message) -> u64 {
     h.finish()
 }
 
+/// The spellings of a conversation's messages ([`spelling`]), each and chained: the chained
+/// value at `p` fixes the spelling of every message up to `p`.
+#[derive(Debug, Clone, Default)]
+pub struct Spellings {
+    pub each: Vec<u64>,
+    pub chained: Vec<u64>,
+}
+
+impl Spellings {
+    pub fn of(messages: &[Message]) -> Spellings {
+        let each: Vec<u64> = messages.iter().map(spelling).collect();
+        let chained = chain_spellings(&each);
+        Spellings { each, chained }
+    }
+}
+
 /// `spellings` chained, so that the value at `p` fixes the spellings of every message up to
-/// `p` (0 as long as they are all 0: a conversation without calls keys as it always did).
+/// `p`: each spelling that is not 0 is mixed in with its position, and a 0 leaves the value as
+/// it was, so that the many messages without calls cost nothing here (which positions hold a
+/// 0 is part of what the value fixes, since each other position is mixed in). 0 as long as
+/// they are all 0: a conversation without calls keys as it always did.
 fn chain_spellings(spellings: &[u64]) -> Vec<u64> {
     let mut acc = 0u64;
     spellings
         .iter()
-        .map(|&s| {
-            if acc != 0 || s != 0 {
-                acc = SPELLING_SEED.hash_one((acc, s));
+        .enumerate()
+        .map(|(p, &s)| {
+            if s != 0 {
+                acc = SPELLING_SEED.hash_one((acc, p, s));
             }
             acc
         })

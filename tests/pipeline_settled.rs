@@ -1,0 +1,209 @@
+//! A conversation's settled start (`context::settled`) changes nothing: turn after turn of a
+//! random conversation, a run that may go on from an earlier turn's start gives exactly what a
+//! run over the whole conversation with no memory gives (messages, report, call changes, or the
+//! same error).
+
+use ctxproxy::context::{PipelineInput, Policy, Rewritten, ToolAccess, begin};
+use ctxproxy::conversation::{Message, chain_ids};
+use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+const NAMES: [&str; 3] = ["get_weather", "search_web", "run_sql"];
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z ]{1,40}",
+        "[a-z0-9 ,.]{40,300}",
+        Just(json!({"rows": (0..30).collect::<Vec<_>>(), "note": "x".repeat(150)}).to_string()),
+    ]
+}
+
+fn call(id: &str, name: usize, spaced: bool) -> Value {
+    let arguments = if spaced { "{ \"q\": 1 }" } else { "{\"q\":1}" };
+    json!({"id": id, "type": "function", "function": {"name": NAMES[name], "arguments": arguments}})
+}
+
+/// A piece of conversation: a turn done right (question, rounds of calls with their results,
+/// a reply), or one stray message from a small pool of ids (orphans, duplicates, late results).
+fn piece() -> impl Strategy<Value = Vec<Value>> {
+    let turn = (
+        text(),
+        prop::collection::vec(prop::collection::vec((0..3usize, text()), 1..3), 0..3),
+        prop::option::of(text()),
+        any::<u16>(),
+    )
+        .prop_map(|(q, rounds, reply, salt)| {
+            let mut out = vec![json!({"role": "user", "content": q})];
+            for (r, calls) in rounds.into_iter().enumerate() {
+                let ids: Vec<String> = (0..calls.len())
+                    .map(|i| format!("call_{r}_{i}_{}", salt % 7))
+                    .collect();
+                let tc: Vec<Value> = calls
+                    .iter()
+                    .zip(&ids)
+                    .map(|((n, _), id)| call(id, *n, false))
+                    .collect();
+                out.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
+                for ((_, t), id) in calls.iter().zip(&ids) {
+                    out.push(json!({"role": "tool", "tool_call_id": id, "content": t}));
+                }
+            }
+            if let Some(reply) = reply.filter(|r| !r.is_empty()) {
+                out.push(json!({"role": "assistant", "content": reply}));
+            }
+            out
+        });
+    let id = || (0..4u8).prop_map(|i| format!("call_0_{i}_0"));
+    let stray = prop_oneof![
+        (id(), text()).prop_map(|(i, t)| json!({"role": "tool", "tool_call_id": i, "content": t})),
+        (
+            prop::collection::vec((id(), 0..3usize), 0..3),
+            prop::option::of(text()),
+            any::<bool>()
+        )
+            .prop_map(|(calls, t, spaced)| {
+                let tc: Vec<Value> = calls.iter().map(|(i, n)| call(i, *n, spaced)).collect();
+                json!({"role": "assistant", "content": t, "tool_calls": tc})
+            }),
+        prop::option::of(text()).prop_map(|t| json!({"role": "assistant", "content": t})),
+        text().prop_map(|t| json!({"role": "system", "content": t})),
+    ];
+    prop_oneof![6 => turn, 1 => stray.prop_map(|m| vec![m])]
+}
+
+fn conversation() -> impl Strategy<Value = Vec<Value>> {
+    prop::collection::vec(piece(), 6..22).prop_map(|pieces| {
+        let mut v = vec![json!({"role": "system", "content": "You are a careful agent."})];
+        v.extend(pieces.into_iter().flatten());
+        v
+    })
+}
+
+fn policy() -> impl Strategy<Value = Policy> {
+    (
+        prop::option::of((0..3usize, any::<bool>(), any::<bool>())),
+        prop::option::of((0..5usize, any::<bool>())),
+        prop::option::of(1..80u64),
+        prop::option::of(prop_oneof![20..1500u64, 1500..200_000u64]),
+        any::<bool>(),
+    )
+        .prop_map(|(filter, window, compress, budget, placeholder)| {
+            let mut p = json!({"repair": {"unanswered_calls": if placeholder { "placeholder" } else { "drop" }}});
+            if let Some((n, include, ph)) = filter {
+                let key = if include { "include" } else { "exclude" };
+                p["tool_filter"] = json!({key: [NAMES[n]], "placeholder": ph});
+            }
+            if let Some((max, turn)) = window {
+                p["tool_call_window"] = json!({"max": max, "unit": if turn { "turn" } else { "call" }});
+            }
+            if let Some(max) = compress {
+                p["compress_tool_output"] = json!({"max_tokens": max});
+            }
+            if let Some(max) = budget {
+                p["token_budget"] = json!({"max_tokens": max});
+            }
+            serde_json::from_value(p).unwrap()
+        })
+}
+
+/// One run of the pipeline the way the proxy runs it (`begin`, then `finish` with no summary),
+/// as its output or its error's text and report.
+fn run(
+    messages: &[Message],
+    ids: &[ctxproxy::conversation::MessageId],
+    policy: &Policy,
+    model: ModelFacts,
+    access: Option<&ToolAccess>,
+    counter: &TokenCounter,
+) -> Result<Rewritten, String> {
+    let mut input = PipelineInput::new(messages, policy, model);
+    input.ids = Some(ids);
+    input.tool_access = access;
+    begin(input, counter)
+        .and_then(|early| early.finish(None))
+        .map(|plan| plan.cloned_from(messages))
+        .map_err(|e| format!("{e:?}"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_turn_that_goes_on_from_a_settled_start_equals_a_run_over_the_whole(
+        values in conversation(),
+        policy in policy(),
+        scrub in prop::option::of(0..3usize),
+        window in prop_oneof![Just(1_000_000u64), 200..5000u64],
+        step in 1..4usize,
+    ) {
+        let messages: Vec<Message> =
+            values.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
+        let ids = chain_ids(&values);
+        let model = ModelFacts { context_window: window, encoding: Encoding::Approximate };
+        let access = scrub.map(|n| ToolAccess {
+            offered: [NAMES[n].to_string()].into_iter().collect(),
+            scrub_history: true,
+        });
+        // One counter for the whole conversation, turn after turn, as in the proxy.
+        let shared = TokenCounter::new();
+        for len in (1..=messages.len()).step_by(step) {
+            let turn = &messages[..len];
+            let remembered = run(turn, &ids[..len], &policy, model, access.as_ref(), &shared);
+            let whole = run(turn, &ids[..len], &policy, model, access.as_ref(), &TokenCounter::new());
+            prop_assert_eq!(remembered, whole, "turn of {} messages", len);
+        }
+    }
+}
+
+/// The bench's agent conversation (rounds of a question, a call, its long result, a reply):
+/// from the window's first cut on, turns go on from a settled start, and what they send is what
+/// a run over the whole sends.
+#[test]
+fn a_long_agent_conversation_goes_on_from_its_settled_start() {
+    let mut values = vec![json!({"role": "system", "content": "You are an agent."})];
+    for r in 0..40 {
+        values.push(json!({"role": "user", "content": format!("Round {r}: check the orders.")}));
+        values.push(json!({"role": "assistant", "content": null, "tool_calls": [call(&format!("call_{r}"), r % 3, false)]}));
+        values.push(json!({"role": "tool", "tool_call_id": format!("call_{r}"), "content": "row ".repeat(300)}));
+        values.push(json!({"role": "assistant", "content": format!("Round {r} looks fine.")}));
+    }
+    let messages: Vec<Message> = values
+        .iter()
+        .map(|v| serde_json::from_value(v.clone()).unwrap())
+        .collect();
+    let ids = chain_ids(&values);
+    let policy: Policy = serde_json::from_value(json!({
+        "tool_call_window": {"max": 3},
+        "compress_tool_output": {"max_tokens": 50},
+        "token_budget": {"target_ratio": 0.6}
+    }))
+    .unwrap();
+    let model = ModelFacts {
+        context_window: 128_000,
+        encoding: Encoding::O200kBase,
+    };
+    let shared = TokenCounter::new();
+    let mut resumed = 0;
+    // Each turn ends with the next question, as a client sends it.
+    for len in (5..=messages.len()).step_by(4).map(|l| l + 1) {
+        let turn = &messages[..len.min(messages.len())];
+        let turn_ids = &ids[..turn.len()];
+        let mut input = PipelineInput::new(turn, &policy, model);
+        input.ids = Some(turn_ids);
+        let early = begin(input, &shared).unwrap();
+        if early.resumed_from().is_some() {
+            resumed += 1;
+        }
+        let remembered = early.finish(None).unwrap().cloned_from(turn);
+        let whole = run(turn, turn_ids, &policy, model, None, &TokenCounter::new()).unwrap();
+        assert_eq!(remembered, whole, "turn of {} messages", turn.len());
+    }
+    // Turns of 16 messages and more may remember; from the window's first cut (3 calls kept)
+    // every later turn goes on from a start.
+    assert!(
+        resumed >= 30,
+        "only {resumed} turns went on from a settled start"
+    );
+}
