@@ -161,16 +161,10 @@ impl Settled {
     /// indices all come after the start's).
     pub(crate) fn prepend_report(&self, report: &mut Report, calls: &mut Vec<CallChange>) {
         let (old, new) = (&*self.shared, &self.recent);
-        report
-            .removed
-            .splice(0..0, old.removed.iter().chain(&new.removed).cloned());
-        report
-            .compressed
-            .splice(0..0, old.compressed.iter().chain(&new.compressed).cloned());
-        report
-            .repaired
-            .splice(0..0, old.repaired.iter().chain(&new.repaired).cloned());
-        calls.splice(0..0, old.calls.iter().chain(&new.calls).copied());
+        in_front(&mut report.removed, &old.removed, &new.removed);
+        in_front(&mut report.compressed, &old.compressed, &new.compressed);
+        in_front(&mut report.repaired, &old.repaired, &new.repaired);
+        in_front(calls, &old.calls, &new.calls);
         report.placeholders += self.placeholders;
     }
 }
@@ -404,4 +398,13 @@ pub(crate) fn extend(
             .map(|(_, user)| user)),
         window_calls: earlier.is_some_and(|e| e.window_calls) || run.window_cut,
     })
+}
+
+/// Puts `old` then `new` in front of `list`.
+fn in_front<T: Clone>(list: &mut Vec<T>, old: &[T], new: &[T]) {
+    let mut joined = Vec::with_capacity(old.len() + new.len() + list.len());
+    joined.extend_from_slice(old);
+    joined.extend_from_slice(new);
+    joined.append(list);
+    *list = joined;
 }
