@@ -282,9 +282,10 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
     }
     let memory = Memory::of(&input, counter);
     let early = begin_at(input, counter, memory)?;
-    if early.resumed_fits() {
+    if early.resumed_from().is_none() || early.resumed_fits() {
         return Ok(early);
     }
+    // What the rest holds rules the earlier start out: the whole conversation, once more.
     let memory = early.memory.map(Memory::whole);
     begin_at(input, counter, memory)
 }
@@ -427,7 +428,7 @@ impl<'a> Early<'a> {
     /// Whether a run that went on from an earlier turn's settled start may stand for a run
     /// over the whole conversation, as far as steps 1–4 tell (see [`settled`]): every result
     /// from the start on answers a call from there, and the window (if the start's calls
-    /// reached it) cut after the start again. False when the run did not go on from one.
+    /// reached it) cut after the start again.
     fn resumed_fits(&self) -> bool {
         let (Some(memory), Some(seen)) = (&self.memory, &self.seen) else {
             return false;

@@ -40,6 +40,10 @@ use super::work::Item;
 /// Shorter conversations are run whole: there is little to spare.
 const MIN_MESSAGES: usize = 16;
 
+/// A start shorter than this is not remembered: it would spare less than the remembering
+/// costs.
+const MIN_START: usize = 16;
+
 /// How many of its last ids a conversation looks up for an earlier turn's settled start (a
 /// turn adds a handful of messages).
 const PROBES: usize = 16;
@@ -263,9 +267,9 @@ fn variant(fingerprint: u64, spelling: u64) -> u64 {
     foldhash::quality::FixedState::with_seed(SEED).hash_one((fingerprint, spelling))
 }
 
-/// The latest history `user` message after `start` that can end a settled start: nothing at
-/// or after it answers a call before it, it is not after `floor` (see [`WindowCut`]) and it
-/// is in the history. `links` are [`link_results`](super::segments::link_results) over the
+/// The latest history `user` message from `start` on that can end a settled start: nothing at
+/// or after it answers a call before it, it is not after `floor` (see [`WindowCut`]), it is
+/// in the history and at least [`MIN_START`] messages in. `links` are [`link_results`](super::segments::link_results) over the
 /// messages from `start` on, positions relative to `start`.
 pub(crate) fn choose_end(
     given: &[Message],
@@ -280,12 +284,10 @@ pub(crate) fn choose_end(
         if let Some(Some((owner, _))) = links.get(q - start) {
             oldest_answered = oldest_answered.min(start + owner);
         }
-        if q > 0
-            && q < history_end
-            && q <= floor
-            && oldest_answered >= q
-            && given[q].role == Role::User
-        {
+        if q < MIN_START {
+            return None; // not worth remembering, nor any earlier one
+        }
+        if q < history_end && q <= floor && oldest_answered >= q && given[q].role == Role::User {
             return Some(q);
         }
     }
