@@ -9,6 +9,10 @@
 //! ```
 //!
 //! (turns 10 and 20, so that one-off costs of the first turns cancel out of the difference).
+//!
+//! The warm-up turn is run over the whole conversation and remembers its settled start (see
+//! `context::settled`); each measured turn goes on from there, as turn N+1 of a conversation
+//! does after turn N.
 
 use ctxproxy::context::{PipelineInput, plan, run};
 use ctxproxy::conversation::{Message, chain_ids, message_id};
