@@ -495,49 +495,27 @@ impl<'a> Early<'a> {
         }
         // The start to remember, chosen before repair moves anything.
         let start = resumed.as_ref().map_or(0, |s| s.end());
-        let chosen = match (&memory, &seen) {
-            (Some(_), Some(seen)) if kept_all && summary.is_none() => settled::choose_end(
-                input.messages,
-                start,
-                current_turn_start(input.messages),
-                seen.window,
-                &seen.links,
-            )
-            .map(|end| {
-                let budget_tokens: u64 = work
-                    .items
-                    .iter()
-                    .filter(|i| i.index.is_some_and(|x| x < end))
-                    .map(|i| i.tokens)
-                    .sum();
-                (end, budget_tokens, budget::first_droppable(&work.items))
-            }),
+        let chosen = match &seen {
+            Some(seen) if kept_all && summary.is_none() => {
+                settled_end(input.messages, start, seen, &work.items)
+            }
             _ => None,
         };
         repair::apply(&mut work, &repair);
         work.settle_report();
-
-        if let (Some(memory), Some(seen), Some((end, budget_tokens, first_droppable))) =
-            (&memory, &seen, chosen)
-            && let Some(last) = input.ids.and_then(<[MessageId]>::last)
-        {
+        if let (Some(memory), Some(seen), Some(end)) = (&memory, &seen, chosen) {
             let extension = settled::Extension {
                 items: &work.items,
                 report: &work.report,
                 calls: &work.calls,
                 given_tokens: &seen.given_tokens,
-                budget_tokens,
-                first_droppable,
+                budget_tokens: end.budget_tokens,
+                first_droppable: end.first_droppable,
                 window_cut: seen.window.is_some_and(|w| w.found),
             };
-            let next = settled::extend(
-                resumed.as_deref(),
-                start,
-                end,
-                input.messages.len(),
-                extension,
-            );
-            if let Some(next) = next {
+            let turn_len = input.messages.len();
+            let next = settled::extend(resumed.as_deref(), start, end.at, turn_len, extension);
+            if let (Some(next), Some(last)) = (next, input.ids.and_then(<[MessageId]>::last)) {
                 memory.remember(counter, input.model.encoding, last, next);
             }
         }
@@ -586,6 +564,35 @@ impl<'a> Early<'a> {
         work.report.tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
         Ok(work.into_plan())
     }
+}
+
+/// Where a run that started at `start` can end a settled start (see [`settled::choose_end`]),
+/// with what the budget saw of it: chosen after the budget, before repair moves anything.
+fn settled_end(
+    messages: &[Message],
+    start: usize,
+    seen: &Seen,
+    items: &[Item<'_>],
+) -> Option<SettledEnd> {
+    let history_end = current_turn_start(messages);
+    let at = settled::choose_end(messages, start, history_end, seen.window, &seen.links)?;
+    let budget_tokens = items
+        .iter()
+        .filter(|i| i.index.is_some_and(|x| x < at))
+        .map(|i| i.tokens)
+        .sum();
+    Some(SettledEnd {
+        at,
+        budget_tokens,
+        first_droppable: budget::first_droppable(items),
+    })
+}
+
+/// The end of a start to settle, and what the budget saw (see [`settled::Extension`]).
+struct SettledEnd {
+    at: usize,
+    budget_tokens: u64,
+    first_droppable: Option<(usize, bool)>,
 }
 
 impl Plan {

@@ -343,31 +343,10 @@ pub(crate) fn extend(
         push_part(&mut fresh.parts, part);
     }
     let report = run.report;
-    let before = |index: usize| index < end;
-    fresh.removed = report
-        .removed
-        .iter()
-        .filter(|r| before(r.index))
-        .cloned()
-        .collect();
-    fresh.compressed = report
-        .compressed
-        .iter()
-        .filter(|c| before(c.index))
-        .cloned()
-        .collect();
-    fresh.repaired = report
-        .repaired
-        .iter()
-        .filter(|r| before(r.index))
-        .cloned()
-        .collect();
-    fresh.calls = run
-        .calls
-        .iter()
-        .filter(|c| before(c.index))
-        .copied()
-        .collect();
+    fresh.removed = before(&report.removed, |r| r.index, end);
+    fresh.compressed = before(&report.compressed, |c| c.index, end);
+    fresh.repaired = before(&report.repaired, |r| r.index, end);
+    fresh.calls = before(run.calls, |c| c.index, end);
     let (shared, recent) = match earlier {
         None => (Arc::new(fresh), Outcome::default()),
         Some(e) => {
@@ -400,6 +379,11 @@ pub(crate) fn extend(
             .map(|(_, user)| user)),
         window_calls: earlier.is_some_and(|e| e.window_calls) || run.window_cut,
     })
+}
+
+/// The entries of `list` about messages before `end`.
+fn before<T: Clone>(list: &[T], index: impl Fn(&T) -> usize, end: usize) -> Vec<T> {
+    list.iter().filter(|x| index(x) < end).cloned().collect()
 }
 
 /// Puts `old` then `new` in front of `list`.
