@@ -159,7 +159,7 @@ proptest! {
 
 /// The bench's agent conversation (rounds of a question, a call, its long result, a reply):
 /// from the window's first cut on, turns go on from a settled start, and what they send is what
-/// a run over the whole sends.
+/// a run over the whole sends; with a budget that keeps everything, and with one that cuts.
 #[test]
 fn a_long_agent_conversation_goes_on_from_its_settled_start() {
     let mut values = vec![json!({"role": "system", "content": "You are an agent."})];
@@ -174,36 +174,48 @@ fn a_long_agent_conversation_goes_on_from_its_settled_start() {
         .map(|v| serde_json::from_value(v.clone()).unwrap())
         .collect();
     let ids = chain_ids(&values);
-    let policy: Policy = serde_json::from_value(json!({
-        "tool_call_window": {"max": 3},
-        "compress_tool_output": {"max_tokens": 50},
-        "token_budget": {"target_ratio": 0.6}
-    }))
-    .unwrap();
     let model = ModelFacts {
         context_window: 128_000,
         encoding: Encoding::O200kBase,
     };
-    let shared = TokenCounter::new();
-    let mut resumed = 0;
-    // Each turn ends with the next question, as a client sends it.
-    for len in (5..=messages.len()).step_by(4).map(|l| l + 1) {
-        let turn = &messages[..len.min(messages.len())];
-        let turn_ids = &ids[..turn.len()];
-        let mut input = PipelineInput::new(turn, &policy, model);
-        input.ids = Some(turn_ids);
-        let early = begin(input, &shared).unwrap();
-        if early.resumed_from().is_some() {
-            resumed += 1;
+    for (budget, cuts) in [
+        (json!({"target_ratio": 0.6}), false),
+        (json!({"max_tokens": 600}), true),
+    ] {
+        let policy: Policy = serde_json::from_value(json!({
+            "tool_call_window": {"max": 3},
+            "compress_tool_output": {"max_tokens": 50},
+            "token_budget": budget
+        }))
+        .unwrap();
+        let shared = TokenCounter::new();
+        let (mut resumed, mut budget_removed) = (0, 0);
+        // Each turn ends with the next question, as a client sends it.
+        for len in (5..=messages.len()).step_by(4).map(|l| l + 1) {
+            let turn = &messages[..len.min(messages.len())];
+            let turn_ids = &ids[..turn.len()];
+            let mut input = PipelineInput::new(turn, &policy, model);
+            input.ids = Some(turn_ids);
+            let early = begin(input, &shared).unwrap();
+            if early.resumed_from().is_some() {
+                resumed += 1;
+            }
+            let remembered = early.finish(None).unwrap().cloned_from(turn);
+            let whole = run(turn, turn_ids, &policy, model, None, &TokenCounter::new()).unwrap();
+            assert_eq!(remembered, whole, "turn of {} messages", turn.len());
+            budget_removed = remembered
+                .report
+                .removed
+                .iter()
+                .filter(|r| r.reason == ctxproxy::context::RemoveReason::TokenBudget)
+                .count();
         }
-        let remembered = early.finish(None).unwrap().cloned_from(turn);
-        let whole = run(turn, turn_ids, &policy, model, None, &TokenCounter::new()).unwrap();
-        assert_eq!(remembered, whole, "turn of {} messages", turn.len());
+        assert_eq!(budget_removed > 0, cuts, "the budget cuts: {cuts}");
+        // Turns of 16 messages and more may remember; from the window's first cut (3 calls
+        // kept) every later turn goes on from a start.
+        assert!(
+            resumed >= 30,
+            "only {resumed} turns went on from a settled start"
+        );
     }
-    // Turns of 16 messages and more may remember; from the window's first cut (3 calls kept)
-    // every later turn goes on from a start.
-    assert!(
-        resumed >= 30,
-        "only {resumed} turns went on from a settled start"
-    );
 }

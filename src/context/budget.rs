@@ -37,18 +37,34 @@ fn droppable(item: &Item<'_>) -> bool {
     item.history && item.index.is_some() && !item.msg.role.is_instruction()
 }
 
-/// Returns whether the whole request fitted (`keeps_all`): then nothing was dropped, and
-/// nothing would be on a later turn that still fits (see `settled.rs`).
+/// What the budget did, for remembering a settled start (see `settled.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Budgeted {
+    /// The whole request fitted (`keeps_all`): nothing was dropped.
+    KeptAll,
+    /// Newest first, a segment did not fit: it and all history before it went (and those after
+    /// it up to a `user` message). The kept history starts at this index of the conversation as
+    /// given (`None`: none is kept).
+    Cut { first_kept: Option<usize> },
+    /// Every segment fitted, yet not the whole request as `keeps_all` reads it.
+    Reached,
+}
+
+/// Applies the budget to the working copy. `fixed_before` is the cost of messages before the
+/// working copy that the budget always keeps (a settled start's instructions): it is counted as
+/// used.
 pub(crate) fn apply(
     work: &mut Work<'_>,
     budget: &TokenBudget,
     context_window: u64,
     tools_tokens: u64,
     unanswered: UnansweredCalls,
-) -> bool {
+    fixed_before: u64,
+) -> Budgeted {
     let limit = budget.limit(context_window);
+    let tools_tokens = tools_tokens + fixed_before;
     if unanswered == UnansweredCalls::Drop && keeps_all(&work.items, limit, tools_tokens) {
-        return true;
+        return Budgeted::KeptAll;
     }
     let encoding = work.encoding;
     let items = &work.items;
@@ -72,9 +88,11 @@ pub(crate) fn apply(
     }
     // Newest first, while it fits; the first that does not ends the kept history.
     let mut kept = candidates.len();
+    let mut stopped = false;
     for (k, group) in candidates.iter().enumerate().rev() {
         let c = cost(group);
         if used + c > limit {
+            stopped = true;
             break;
         }
         used += c;
@@ -84,15 +102,20 @@ pub(crate) fn apply(
     while kept < candidates.len() && items[candidates[kept][0]].msg.role != Role::User {
         kept += 1;
     }
+    let first_kept = candidates.get(kept).and_then(|g| items[g[0]].index);
     if kept == 0 {
-        return false;
+        return Budgeted::Reached;
     }
     let mut drop = vec![false; items.len()];
     for &p in candidates[..kept].iter().flatten() {
         drop[p] = true;
     }
     work.remove_marked(RemoveReason::TokenBudget, &drop);
-    false
+    if stopped {
+        Budgeted::Cut { first_kept }
+    } else {
+        Budgeted::Reached
+    }
 }
 
 /// The segments of SPEC 5 step 6 (positions; oldest first by their first message): an

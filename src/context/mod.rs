@@ -55,6 +55,7 @@ pub use report::{
 pub use summary::{Entry, StoredSummary, SummaryPlan, plan_summary};
 pub use tool_access::{builtin_tool_of, offered_tool_names, offers_any, tool_name, tools_called};
 
+use budget::Budgeted;
 use settled::Memory;
 use tool_window::WindowCut;
 use work::{Item, Msg, Work, current_turn_start};
@@ -468,36 +469,56 @@ impl<'a> Early<'a> {
             summary::apply(&mut work, s);
         }
         let repair = policy.repair();
-        // Whether the budget kept every message (so the start may be settled).
-        let mut kept_all = true;
+        // What the budget did (`None`: there is none).
+        let mut budgeted = None;
         if let Some(b) = &policy.token_budget {
-            let limit = b.limit(input.model.context_window);
-            match &resumed {
-                // Over the whole, the budget would keep everything (`budget::keeps_all`);
-                // otherwise the whole conversation is run after all.
-                Some(settled) => {
+            let window = input.model.context_window;
+            let unanswered = repair.unanswered_calls;
+            budgeted = match &resumed {
+                // Over the whole, the budget keeps everything (`budget::keeps_all`) as it did
+                // when the start was settled; otherwise the whole conversation is run after all.
+                Some(settled) if !settled.budget_cut() => {
                     let fixed = REQUEST_OVERHEAD + tools_tokens;
-                    if !settled.budget_keeps_all(&work.items, limit, fixed) {
-                        let early = begin_at(input, counter, memory.map(Memory::whole))?;
-                        return early.finish(summary);
-                    }
+                    let limit = b.limit(window);
+                    settled
+                        .budget_keeps_all(&work.items, limit, fixed)
+                        .then_some(Budgeted::KeptAll)
                 }
-                None => {
-                    kept_all = budget::apply(
-                        &mut work,
-                        b,
-                        input.model.context_window,
-                        tools_tokens,
-                        repair.unanswered_calls,
-                    );
-                }
+                // The budget stops after the start, as it did when the start was settled.
+                Some(settled) => Some(budget::apply(
+                    &mut work,
+                    b,
+                    window,
+                    tools_tokens,
+                    unanswered,
+                    settled.budget_tokens(),
+                ))
+                .filter(|b| matches!(b, Budgeted::Cut { .. })),
+                None => Some(budget::apply(
+                    &mut work,
+                    b,
+                    window,
+                    tools_tokens,
+                    unanswered,
+                    0,
+                )),
+            };
+            if resumed.is_some() && budgeted.is_none() {
+                let early = begin_at(input, counter, memory.map(Memory::whole))?;
+                return early.finish(summary);
             }
         }
-        // The start to remember, chosen before repair moves anything.
+        // The start to remember, chosen before repair moves anything: where the budget left
+        // all of it or all but its instructions.
+        let budget_floor = match budgeted {
+            None | Some(Budgeted::KeptAll) => Some(usize::MAX),
+            Some(Budgeted::Cut { first_kept }) => Some(first_kept.unwrap_or(usize::MAX)),
+            Some(Budgeted::Reached) => None,
+        };
         let start = resumed.as_ref().map_or(0, |s| s.end());
-        let chosen = match &seen {
-            Some(seen) if kept_all && summary.is_none() => {
-                settled_end(input.messages, start, seen, &work.items)
+        let chosen = match (&seen, budget_floor) {
+            (Some(seen), Some(floor)) if summary.is_none() => {
+                settled_end(input.messages, start, seen, &work.items, floor)
             }
             _ => None,
         };
@@ -512,6 +533,7 @@ impl<'a> Early<'a> {
                 budget_tokens: end.budget_tokens,
                 first_droppable: end.first_droppable,
                 window_cut: seen.window.is_some_and(|w| w.found),
+                budget_cut: matches!(budgeted, Some(Budgeted::Cut { .. })),
             };
             let turn_len = input.messages.len();
             let next = settled::extend(resumed.as_deref(), start, end.at, turn_len, extension);
@@ -573,9 +595,18 @@ fn settled_end(
     start: usize,
     seen: &Seen,
     items: &[Item<'_>],
+    budget_floor: usize,
 ) -> Option<SettledEnd> {
     let history_end = current_turn_start(messages);
-    let at = settled::choose_end(messages, start, history_end, seen.window, &seen.links)?;
+    let links = &seen.links;
+    let at = settled::choose_end(
+        messages,
+        start,
+        history_end,
+        seen.window,
+        links,
+        budget_floor,
+    )?;
     let budget_tokens = items
         .iter()
         .filter(|i| i.index.is_some_and(|x| x < at))

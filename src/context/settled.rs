@@ -9,8 +9,11 @@
 //! - the tool-call window (if any) has cut after `end`: every history call before `end` was
 //!   removed by it, and a later turn's window, which must find its `max` calls after `end`
 //!   again (checked), removes them too; with no call before `end`, there is nothing to cut;
-//! - the budget (if any) kept everything and drops with `unanswered_calls: drop` (a later turn
-//!   checks that it keeps everything again, with the start's tokens remembered);
+//! - the budget (if any) drops with `unanswered_calls: drop` and either kept everything (a
+//!   later turn checks that it keeps everything again, with the start's tokens remembered) or
+//!   stopped at a segment after `end`, dropping all of the start but its instructions (a later
+//!   turn checks that it stops after `end` again, which it does when what comes after `end`
+//!   alone does not fit, the start's instructions counted);
 //! - no summary is in the policy.
 //!
 //! Every other step decides per message or per call, and repair only looks at a call and its
@@ -62,7 +65,8 @@ pub struct Settled {
     placeholders: u64,
     /// Tokens of the start as given.
     tokens_in: u64,
-    /// Tokens of the start as the budget sees it (after steps 1–4).
+    /// Tokens of what the budget left of the start (all of it after steps 1–4, or its
+    /// instructions when `budget_cut`).
     budget_tokens: u64,
     /// Tokens of the start as sent.
     tokens_out: u64,
@@ -72,6 +76,11 @@ pub struct Settled {
     /// Whether the window removed calls of the start: a later turn's window must then find
     /// its calls after `end`.
     window_calls: bool,
+    /// Whether the budget dropped all of the start but its instructions (the budget did not
+    /// reach it: it stopped at a segment after it). A later turn's budget must then stop after
+    /// the start again, with `budget_tokens` (the instructions) counted as kept. Otherwise it
+    /// kept everything, and must keep everything again.
+    budget_cut: bool,
 }
 
 /// What the pipeline made of some messages of a start: its plan's parts and its report's
@@ -145,6 +154,14 @@ impl Settled {
 
     pub(crate) fn window_calls(&self) -> bool {
         self.window_calls
+    }
+
+    pub(crate) fn budget_cut(&self) -> bool {
+        self.budget_cut
+    }
+
+    pub(crate) fn budget_tokens(&self) -> u64 {
+        self.budget_tokens
     }
 
     pub(crate) fn parts(&self) -> impl Iterator<Item = &SettledPart> {
@@ -268,8 +285,9 @@ fn variant(fingerprint: u64, spelling: u64) -> u64 {
 }
 
 /// The latest history `user` message from `start` on that can end a settled start: nothing at
-/// or after it answers a call before it, it is not after `floor` (see [`WindowCut`]), it is
-/// in the history and at least [`MIN_START`] messages in. `links` are [`link_results`](super::segments::link_results) over the
+/// or after it answers a call before it, it is not after the window's floor (see
+/// [`WindowCut`]) nor after `budget_floor` (where the kept history starts when the budget cut),
+/// it is in the history and at least [`MIN_START`] messages in. `links` are [`link_results`](super::segments::link_results) over the
 /// messages from `start` on, positions relative to `start`.
 pub(crate) fn choose_end(
     given: &[Message],
@@ -277,8 +295,9 @@ pub(crate) fn choose_end(
     history_end: usize,
     window: Option<WindowCut>,
     links: &[Option<(usize, usize)>],
+    budget_floor: usize,
 ) -> Option<usize> {
-    let floor = window.map_or(usize::MAX, |w| w.floor);
+    let floor = window.map_or(usize::MAX, |w| w.floor).min(budget_floor);
     let mut oldest_answered = usize::MAX;
     for q in (start..given.len()).rev() {
         if let Some(Some((owner, _))) = links.get(q - start) {
@@ -309,6 +328,9 @@ pub(crate) struct Extension<'w, 'a> {
     pub first_droppable: Option<(usize, bool)>,
     /// Whether the window removed calls in this run.
     pub window_cut: bool,
+    /// Whether the budget stopped after the start in this run, dropping all of it but its
+    /// instructions.
+    pub budget_cut: bool,
 }
 
 /// The settled start `..end` of a conversation of `turn_len` messages: `earlier` (if the run
@@ -378,6 +400,7 @@ pub(crate) fn extend(
             .filter(|&(index, _)| index < end)
             .map(|(_, user)| user)),
         window_calls: earlier.is_some_and(|e| e.window_calls) || run.window_cut,
+        budget_cut: run.budget_cut,
     })
 }
 
