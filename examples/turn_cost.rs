@@ -26,9 +26,13 @@ mod workload;
 fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>());
     let (Some(Ok(n)), Some(Ok(turns))) = (args.next(), args.next()) else {
-        eprintln!("usage: turn_cost N TURNS (N in 1..=500)");
+        eprintln!("usage: turn_cost N TURNS [BUDGET] (N in 1..=500; BUDGET: a token_budget");
+        eprintln!(
+            "       of max_tokens BUDGET in place of the workload's, which keeps everything)"
+        );
         std::process::exit(2);
     };
+    let budget = args.next().and_then(Result::ok);
     let values = workload::conversation();
     let n = n.clamp(1, values.len());
     let prefix: Vec<Message> = values[..n - 1]
@@ -36,7 +40,13 @@ fn main() {
         .map(|m| serde_json::from_value(m.clone()).expect("bench message"))
         .collect();
     let prefix_ids = chain_ids(&values[..n - 1]);
-    let policy = workload::policy();
+    let mut policy = workload::policy();
+    if let Some(max) = budget {
+        policy.token_budget = Some(ctxproxy::context::policy::TokenBudget {
+            max_tokens: Some(max as u64),
+            target_ratio: None,
+        });
+    }
     let facts = ModelTable::built_in().lookup("gpt-4o");
     Encoding::O200kBase.warm_up();
     // Earlier turns: the history is counted (and its results compressed) once.

@@ -157,6 +157,75 @@ proptest! {
     }
 }
 
+/// The same message in another form its id does not tell apart (see `conversation::identity`):
+/// a string content as a text part, provider extras, an `audio` (which keeps a message whose
+/// calls go), an empty `tool_calls`, a private field.
+fn reform(message: &Value, how: u8) -> Value {
+    let mut m = message.clone();
+    let Some(fields) = m.as_object_mut() else {
+        return m;
+    };
+    let assistant = fields.get("role") == Some(&json!("assistant"));
+    match how % 6 {
+        0 => {
+            if let Some(Value::String(text)) = fields.get("content").cloned() {
+                fields.insert("content".into(), json!([{"type": "text", "text": text}]));
+            }
+        }
+        1 if assistant => {
+            fields.insert("refusal".into(), Value::Null);
+            fields.insert("annotations".into(), json!([]));
+        }
+        2 if assistant => {
+            fields.insert("audio".into(), json!({"id": "audio_1"}));
+        }
+        3 if assistant && !fields.contains_key("tool_calls") => {
+            fields.insert("tool_calls".into(), json!([]));
+        }
+        _ => {
+            fields.insert("x_private".into(), json!(format!("form {how}")));
+        }
+    }
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A client may resend its history in another form from one turn to the next (what its
+    /// SDK adds or drops): a turn going on from a start settled on the old form still sends
+    /// what a run over the whole sends, the new form as it came.
+    #[test]
+    fn a_history_resent_in_another_form_is_rewritten_as_the_whole_would_be(
+        values in conversation(),
+        policy in policy(),
+        reforms in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        every in 2..5usize,
+    ) {
+        let model = ModelFacts { context_window: 1_000_000, encoding: Encoding::Approximate };
+        let shared = TokenCounter::new();
+        let mut current = values.clone();
+        for len in 1..=values.len() {
+            // Now and then, earlier messages come back in another form, and stay so.
+            if len % every == 0 {
+                for (at, how) in &reforms {
+                    let p = at.index(len);
+                    current[p] = reform(&values[p], *how);
+                }
+            }
+            let turn_values = &current[..len];
+            let messages: Vec<Message> = turn_values
+                .iter()
+                .map(|v| serde_json::from_value(v.clone()).unwrap())
+                .collect();
+            let ids = chain_ids(turn_values);
+            let remembered = run(&messages, &ids, &policy, model, None, &shared);
+            let whole = run(&messages, &ids, &policy, model, None, &TokenCounter::new());
+            prop_assert_eq!(remembered, whole, "turn of {} messages", len);
+        }
+    }
+}
+
 /// The bench's agent conversation (rounds of a question, a call, its long result, a reply):
 /// from the window's first cut on, turns go on from a settled start, and what they send is what
 /// a run over the whole sends; with a budget that keeps everything, and with one that cuts.

@@ -38,32 +38,51 @@ fn droppable(item: &Item<'_>) -> bool {
 }
 
 /// What the budget did, for remembering a settled start (see `settled.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Budgeted {
     /// The whole request fitted (`keeps_all`): nothing was dropped.
     KeptAll,
     /// Newest first, a segment did not fit: it and all history before it went (and those after
     /// it up to a `user` message). The kept history starts at this index of the conversation as
-    /// given (`None`: none is kept).
-    Cut { first_kept: Option<usize> },
+    /// given (`None`: none is kept); `dropped` holds each dropped segment's first index and cost.
+    Cut {
+        first_kept: Option<usize>,
+        dropped: Vec<(usize, u64)>,
+    },
     /// Every segment fitted, yet not the whole request as `keeps_all` reads it.
     Reached,
+    /// Every segment fitted, and so did the newest segment before the working copy (`Before`):
+    /// over the whole, the budget would have gone on into what came before.
+    ReachedBefore,
 }
 
-/// Applies the budget to the working copy. `fixed_before` is the cost of messages before the
-/// working copy that the budget always keeps (a settled start's instructions): it is counted as
-/// used.
+/// Messages before the working copy (a settled start, see `settled.rs`) as the budget sees
+/// them: what of them it always keeps (instructions), and the cost of their newest segment it
+/// may drop, if any.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Before {
+    pub fixed: u64,
+    pub newest_droppable: Option<u64>,
+}
+
+/// Applies the budget to the working copy, as over the whole conversation when messages come
+/// before it (`before`).
 pub(crate) fn apply(
     work: &mut Work<'_>,
     budget: &TokenBudget,
     context_window: u64,
     tools_tokens: u64,
     unanswered: UnansweredCalls,
-    fixed_before: u64,
+    before: Before,
 ) -> Budgeted {
     let limit = budget.limit(context_window);
-    let tools_tokens = tools_tokens + fixed_before;
-    if unanswered == UnansweredCalls::Drop && keeps_all(&work.items, limit, tools_tokens) {
+    let tools_tokens = tools_tokens + before.fixed;
+    // With droppable history before the working copy, whether everything fits is up to that
+    // history too: the scan below tells.
+    if unanswered == UnansweredCalls::Drop
+        && before.newest_droppable.is_none()
+        && keeps_all(&work.items, limit, tools_tokens)
+    {
         return Budgeted::KeptAll;
     }
     let encoding = work.encoding;
@@ -98,21 +117,33 @@ pub(crate) fn apply(
         used += c;
         kept = k;
     }
+    if !stopped && let Some(c) = before.newest_droppable {
+        if used + c <= limit {
+            return Budgeted::ReachedBefore;
+        }
+        stopped = true; // at the segment before: all of the working copy's history is kept
+    }
     // The kept history begins at a user message.
     while kept < candidates.len() && items[candidates[kept][0]].msg.role != Role::User {
         kept += 1;
     }
     let first_kept = candidates.get(kept).and_then(|g| items[g[0]].index);
-    if kept == 0 {
-        return Budgeted::Reached;
+    let dropped: Vec<(usize, u64)> = candidates[..kept]
+        .iter()
+        .map(|g| (items[g[0]].index.unwrap_or(0), cost(g)))
+        .collect();
+    if kept > 0 {
+        let mut drop = vec![false; items.len()];
+        for &p in candidates[..kept].iter().flatten() {
+            drop[p] = true;
+        }
+        work.remove_marked(RemoveReason::TokenBudget, &drop);
     }
-    let mut drop = vec![false; items.len()];
-    for &p in candidates[..kept].iter().flatten() {
-        drop[p] = true;
-    }
-    work.remove_marked(RemoveReason::TokenBudget, &drop);
     if stopped {
-        Budgeted::Cut { first_kept }
+        Budgeted::Cut {
+            first_kept,
+            dropped,
+        }
     } else {
         Budgeted::Reached
     }

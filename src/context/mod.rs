@@ -484,23 +484,24 @@ impl<'a> Early<'a> {
                         .budget_keeps_all(&work.items, limit, fixed)
                         .then_some(Budgeted::KeptAll)
                 }
-                // The budget stops after the start, as it did when the start was settled.
+                // The budget stops before it reaches into the start, as it did when the start
+                // was settled.
                 Some(settled) => Some(budget::apply(
                     &mut work,
                     b,
                     window,
                     tools_tokens,
                     unanswered,
-                    settled.budget_tokens(),
+                    settled.before(),
                 ))
-                .filter(|b| matches!(b, Budgeted::Cut { .. })),
+                .filter(|b| *b != Budgeted::ReachedBefore),
                 None => Some(budget::apply(
                     &mut work,
                     b,
                     window,
                     tools_tokens,
                     unanswered,
-                    0,
+                    budget::Before::default(),
                 )),
             };
             if resumed.is_some() && budgeted.is_none() {
@@ -510,10 +511,10 @@ impl<'a> Early<'a> {
         }
         // The start to remember, chosen before repair moves anything: where the budget left
         // all of it or all but its instructions.
-        let budget_floor = match budgeted {
+        let budget_floor = match &budgeted {
             None | Some(Budgeted::KeptAll) => Some(usize::MAX),
-            Some(Budgeted::Cut { first_kept }) => Some(first_kept.unwrap_or(usize::MAX)),
-            Some(Budgeted::Reached) => None,
+            Some(Budgeted::Cut { first_kept, .. }) => Some(first_kept.unwrap_or(usize::MAX)),
+            Some(Budgeted::Reached | Budgeted::ReachedBefore) => None,
         };
         let start = resumed.as_ref().map_or(0, |s| s.end());
         let chosen = match (&seen, budget_floor) {
@@ -534,6 +535,14 @@ impl<'a> Early<'a> {
                 first_droppable: end.first_droppable,
                 window_cut: seen.window.is_some_and(|w| w.found),
                 budget_cut: matches!(budgeted, Some(Budgeted::Cut { .. })),
+                newest_droppable: match &budgeted {
+                    Some(Budgeted::Cut { dropped, .. }) => dropped
+                        .iter()
+                        .rev()
+                        .find(|&&(index, _)| index < end.at)
+                        .map(|&(_, cost)| cost),
+                    _ => None,
+                },
             };
             let turn_len = input.messages.len();
             let next = settled::extend(resumed.as_deref(), start, end.at, turn_len, extension);
@@ -599,14 +608,15 @@ fn settled_end(
 ) -> Option<SettledEnd> {
     let history_end = current_turn_start(messages);
     let links = &seen.links;
-    let at = settled::choose_end(
-        messages,
-        start,
-        history_end,
-        seen.window,
-        links,
-        budget_floor,
-    )?;
+    // A start holds no changed message (see `settled.rs`): it ends at the first, if not before.
+    let changed = items
+        .iter()
+        .filter(|i| !i.msg.is_borrowed())
+        .filter_map(|i| i.index)
+        .min()
+        .unwrap_or(usize::MAX);
+    let floor = budget_floor.min(changed);
+    let at = settled::choose_end(messages, start, history_end, seen.window, links, floor)?;
     let budget_tokens = items
         .iter()
         .filter(|i| i.index.is_some_and(|x| x < at))
@@ -628,13 +638,10 @@ struct SettledEnd {
 
 impl Plan {
     /// Puts a settled start's parts in front of this plan's (which begin after it).
-    fn put_in_front<'s>(&mut self, front: impl Iterator<Item = &'s settled::SettledPart>) {
+    fn put_in_front<'s>(&mut self, front: impl Iterator<Item = &'s Range<usize>>) {
         let mut parts: Vec<Part> = Vec::with_capacity(front.size_hint().0 + self.parts.len());
         let rest = std::mem::take(&mut self.parts);
-        let front = front.map(|p| match p {
-            settled::SettledPart::Unchanged(run) => Part::Unchanged(run.clone()),
-            settled::SettledPart::Changed(m) => Part::Changed(Box::new((**m).clone())),
-        });
+        let front = front.map(|run| Part::Unchanged(run.clone()));
         for part in front.chain(rest) {
             match (parts.last_mut(), part) {
                 // One run across a join, as a run over the whole would have it.

@@ -81,13 +81,17 @@ pub struct Settled {
     /// the start again, with `budget_tokens` (the instructions) counted as kept. Otherwise it
     /// kept everything, and must keep everything again.
     budget_cut: bool,
+    /// With `budget_cut`: the cost of the start's newest segment the budget may drop (`None`:
+    /// there is none), which a later turn's budget must find too large again.
+    newest_droppable: Option<u64>,
 }
 
-/// What the pipeline made of some messages of a start: its plan's parts and its report's
-/// entries, in order.
+/// What the pipeline made of some messages of a start: the runs of them it sends (as given:
+/// a start holds no message the pipeline changed, so nothing of an earlier turn's messages is
+/// kept, only positions) and its report's entries, in order.
 #[derive(Debug, Clone, Default)]
 struct Outcome {
-    parts: Vec<SettledPart>,
+    parts: Vec<Range<usize>>,
     removed: Vec<Removed>,
     compressed: Vec<Compressed>,
     repaired: Vec<Repaired>,
@@ -114,24 +118,12 @@ impl Outcome {
     }
 }
 
-/// Pushes `part`, joining a run of unchanged messages to the one before it.
-pub(crate) fn push_part(parts: &mut Vec<SettledPart>, part: SettledPart) {
-    match (parts.last_mut(), part) {
-        (Some(SettledPart::Unchanged(last)), SettledPart::Unchanged(run))
-            if last.end == run.start =>
-        {
-            last.end = run.end
-        }
-        (_, part) => parts.push(part),
+/// Pushes the run `part`, joining it to the one before it when they meet.
+fn push_part(parts: &mut Vec<Range<usize>>, part: Range<usize>) {
+    match parts.last_mut() {
+        Some(last) if last.end == part.start => last.end = part.end,
+        _ => parts.push(part),
     }
-}
-
-/// A part of the start's plan (see `Part` in `mod.rs`); a changed message is shared, since the
-/// same start serves many turns.
-#[derive(Debug, Clone)]
-pub(crate) enum SettledPart {
-    Unchanged(Range<usize>),
-    Changed(Arc<Message>),
 }
 
 impl Settled {
@@ -160,11 +152,15 @@ impl Settled {
         self.budget_cut
     }
 
-    pub(crate) fn budget_tokens(&self) -> u64 {
-        self.budget_tokens
+    /// The start as the budget of a later turn sees it, when `budget_cut`.
+    pub(crate) fn before(&self) -> super::budget::Before {
+        super::budget::Before {
+            fixed: self.budget_tokens,
+            newest_droppable: self.newest_droppable,
+        }
     }
 
-    pub(crate) fn parts(&self) -> impl Iterator<Item = &SettledPart> {
+    pub(crate) fn parts(&self) -> impl Iterator<Item = &Range<usize>> {
         self.shared.parts.iter().chain(&self.recent.parts)
     }
 
@@ -331,12 +327,15 @@ pub(crate) struct Extension<'w, 'a> {
     /// Whether the budget stopped after the start in this run, dropping all of it but its
     /// instructions.
     pub budget_cut: bool,
+    /// Then: the cost of the newest segment it dropped in `start..end`, if any.
+    pub newest_droppable: Option<u64>,
 }
 
 /// The settled start `..end` of a conversation of `turn_len` messages: `earlier` (if the run
 /// went on from one) followed by what the run over the rest did to `start..end`. `None` when
 /// the working copy does not split cleanly at `end` (it always should, by the choice of
-/// `end`; the check keeps a surprise from being remembered).
+/// `end`; the check keeps a surprise from being remembered), or when the pipeline changed or
+/// made a message before `end` (repair may, after `end` was chosen).
 pub(crate) fn extend(
     earlier: Option<&Settled>,
     start: usize,
@@ -358,11 +357,11 @@ pub(crate) fn extend(
     let head = &run.items[..split];
     let mut fresh = Outcome::default();
     for item in head {
-        let part = match (item.msg.is_borrowed(), item.index) {
-            (true, Some(p)) => SettledPart::Unchanged(p..p + 1),
-            _ => SettledPart::Changed(Arc::new((*item.msg).clone())),
+        // A message the pipeline changed or made is not remembered (see `Outcome`).
+        let (true, Some(p)) = (item.msg.is_borrowed(), item.index) else {
+            return None;
         };
-        push_part(&mut fresh.parts, part);
+        push_part(&mut fresh.parts, p..p + 1);
     }
     let report = run.report;
     fresh.removed = before(&report.removed, |r| r.index, end);
@@ -401,6 +400,9 @@ pub(crate) fn extend(
             .map(|(_, user)| user)),
         window_calls: earlier.is_some_and(|e| e.window_calls) || run.window_cut,
         budget_cut: run.budget_cut,
+        newest_droppable: run
+            .newest_droppable
+            .or(earlier.and_then(|e| e.newest_droppable)),
     })
 }
 

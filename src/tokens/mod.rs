@@ -382,21 +382,21 @@ fn call_arguments(m: &Message) -> impl Iterator<Item = &str> {
 /// collide.
 static SPELLING_SEED: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
 
-/// A fast hash of what a message's count depends on that its id leaves out, 0 when nothing:
-/// an assistant's `name`, the raw arguments of its calls (the id hashes JSON arguments
-/// compacted, keys sorted, `\u` escapes decoded, `35.0` as `35`), and the text of a content
-/// that is neither a string nor parts (counted as serialised; the id hashes it with sorted keys) or of an item the
-/// Responses mapping does not model (made from its fields in their order; the id sorts them).
-/// Everything else the count reads the id hashes as it is, or (text parts joined, empty fields
-/// left out) as what costs the same. Costs a pass over the arguments, not over the message.
+/// A fast hash of what a message's count and its rewrite depend on that its id leaves out, 0
+/// when nothing: an assistant's `name`, the raw arguments of its calls (the id hashes JSON
+/// arguments compacted, keys sorted, `\u` escapes decoded, `35.0` as `35`), the text of a
+/// content that is neither a string nor parts (counted as serialised; the id hashes it with
+/// sorted keys) or of an item the Responses mapping does not model (made from its fields in
+/// their order; the id sorts them), and the message's form: how its content is cut into parts
+/// and what those parts carry besides text, a null or empty `tool_calls`, what its calls carry
+/// besides id, name and arguments, and its other fields (provider extras, `audio`, an item kept
+/// whole). Everything else the count reads the id hashes as it is. Costs a pass over the
+/// arguments and the small fields, not over the text.
 #[inline]
 pub fn spelling(m: &Message) -> u64 {
     // Most messages (user, tool, plain assistant text) have none of it: told from plain
     // fields first, since every message of a long conversation is asked on every turn.
-    let plain_content = matches!(
-        m.content,
-        None | Some(Value::Null | Value::String(_) | Value::Array(_))
-    );
+    let plain_content = matches!(m.content, None | Some(Value::Null | Value::String(_)));
     if m.tool_calls.is_none()
         && m.name.is_none()
         && m.extra.is_empty()
@@ -411,6 +411,7 @@ pub fn spelling(m: &Message) -> u64 {
 /// [`spelling`] of a message that may have something the id leaves out.
 #[inline(never)]
 fn spelling_of(m: &Message) -> u64 {
+    let mut h = SPELLING_SEED.build_hasher();
     // The usual case left: an assistant message with calls and nothing else to it.
     if let Some(Some(calls)) = &m.tool_calls
         && !calls.is_empty()
@@ -418,14 +419,12 @@ fn spelling_of(m: &Message) -> u64 {
         && m.extra.is_empty()
         && m.role == Role::Assistant
         && matches!(m.content, None | Some(Value::Null | Value::String(_)))
+        && calls.iter().all(plain_call)
     {
-        let mut h = SPELLING_SEED.build_hasher();
         for call in calls {
             call.arguments().hash(&mut h);
         }
-        // As the general case below hashes it: no loose text, no name.
-        None::<&str>.hash(&mut h);
-        None::<&str>.hash(&mut h);
+        m.content.as_ref().map(std::mem::discriminant).hash(&mut h);
         return h.finish();
     }
     let loose = match &m.content {
@@ -439,21 +438,96 @@ fn spelling_of(m: &Message) -> u64 {
         None | Some(Value::Null | Value::String(_) | Value::Array(_)) => None,
         Some(other) => Some(std::borrow::Cow::Owned(other.to_string())),
     };
+    call_arguments(m).for_each(|a| a.hash(&mut h));
+    loose.hash(&mut h);
     // The id leaves out an assistant's `name` (a framework's label on a resent reply); the
     // count does not.
-    let name = m
-        .name
-        .as_deref()
-        .filter(|n| m.role == Role::Assistant && !n.is_empty());
-    let mut arguments = call_arguments(m).peekable();
-    if arguments.peek().is_none() && loose.is_none() && name.is_none() {
-        return 0;
+    m.name.hash(&mut h);
+    // The form: what the id leaves out or reads loosely (text parts joined, null and empty
+    // fields dropped, provider extras, the fields of an item kept whole) but the rewrite
+    // passes on or decides by (a `tool_calls: []` repair takes out, an `audio` that keeps a
+    // message whose calls went). The text of the content is not read again: the id holds it.
+    m.content.as_ref().map(std::mem::discriminant).hash(&mut h);
+    if let Some(Value::Array(parts)) = &m.content {
+        for part in parts {
+            match part {
+                Value::Object(fields) => {
+                    for (key, value) in fields.iter().filter(|(k, _)| k.as_str() != "text") {
+                        key.hash(&mut h);
+                        hash_json(value, &mut h);
+                    }
+                    fields
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .map(str::len)
+                        .hash(&mut h);
+                }
+                other => hash_json(other, &mut h),
+            }
+        }
     }
-    let mut h = SPELLING_SEED.build_hasher();
-    arguments.for_each(|a| a.hash(&mut h));
-    loose.hash(&mut h);
-    name.hash(&mut h);
-    h.finish()
+    match &m.tool_calls {
+        None => 0u8.hash(&mut h),
+        Some(None) => 1u8.hash(&mut h),
+        Some(Some(calls)) => {
+            2u8.hash(&mut h);
+            calls.len().hash(&mut h);
+            for call in calls.iter().filter(|c| !plain_call(c)) {
+                call.kind.hash(&mut h);
+                call.custom.is_some().hash(&mut h);
+                for extra in [
+                    Some(&call.extra),
+                    call.function.as_ref().map(|f| &f.extra),
+                    call.custom.as_ref().map(|c| &c.extra),
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    hash_map(extra, &mut h);
+                }
+            }
+        }
+    }
+    hash_map(&m.extra, &mut h);
+    match h.finish() {
+        0 => 1, // 0 means "nothing": a message with something never spells 0
+        v => v,
+    }
+}
+
+/// Whether a call is a function call with nothing but its id, type `function`, name and
+/// arguments (what the id reads of it and the arguments' spelling).
+fn plain_call(call: &ToolCall) -> bool {
+    call.extra.is_empty()
+        && call.custom.is_none()
+        && call.kind.as_deref().is_none_or(|k| k == "function")
+        && call.function.as_ref().is_some_and(|f| f.extra.is_empty())
+}
+
+/// Hashes a JSON map's keys and values in their order.
+fn hash_map(map: &serde_json::Map<String, Value>, h: &mut impl Hasher) {
+    map.len().hash(h);
+    for (key, value) in map {
+        key.hash(h);
+        hash_json(value, h);
+    }
+}
+
+/// Hashes a JSON value as it would be written.
+fn hash_json(value: &Value, h: &mut impl Hasher) {
+    struct Into<'h, H>(&'h mut H);
+    impl<H: Hasher> std::io::Write for Into<'_, H> {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // Writing to a hasher cannot fail.
+    let _ = serde_json::to_writer(Into(h), value);
+    h.write_u8(0xff);
 }
 
 /// The spellings of a conversation's messages ([`spelling`]), each and chained: the chained
