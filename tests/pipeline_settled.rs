@@ -281,9 +281,11 @@ fn a_long_agent_conversation_goes_on_from_its_settled_start() {
         }
         assert_eq!(budget_removed > 0, cuts, "the budget cuts: {cuts}");
         // Turns of 16 messages and more may remember; from the window's first cut (3 calls
-        // kept) every later turn goes on from a start.
+        // kept) later turns go on from a start (with a budget that cuts, once the start can
+        // trail the kept history by what the next turn's cut may move back).
+        let expected = if cuts { 20 } else { 30 };
         assert!(
-            resumed >= 30,
+            resumed >= expected,
             "only {resumed} turns went on from a settled start"
         );
     }

@@ -511,12 +511,34 @@ impl<'a> Early<'a> {
         }
         // The start to remember, chosen before repair moves anything: where the budget left
         // all of it or all but its instructions.
+        let start = resumed.as_ref().map_or(0, |s| s.end());
         let budget_floor = match &budgeted {
             None | Some(Budgeted::KeptAll) => Some(usize::MAX),
-            Some(Budgeted::Cut { first_kept, .. }) => Some(first_kept.unwrap_or(usize::MAX)),
+            Some(Budgeted::Cut { dropped, .. }) => {
+                // Dropped history between the start and the kept history, as much as the next
+                // turn's cut may move back: by what this current turn costs (once history, it
+                // may be shortened), the segment the budget stopped at, and a sixteenth of the
+                // budget (for a call leaving the window). Not that much after `start`: keep it.
+                let limit = policy
+                    .token_budget
+                    .map_or(0, |b| b.limit(input.model.context_window));
+                let current: u64 = work
+                    .items
+                    .iter()
+                    .filter(|i| !i.history)
+                    .map(|i| i.tokens)
+                    .sum();
+                let stopped_at = dropped.last().map_or(0, |&(_, cost)| cost);
+                let margin = current + stopped_at + limit / 16;
+                let mut behind = 0;
+                let far_enough = dropped.iter().rev().find_map(|&(index, cost)| {
+                    behind += cost;
+                    (behind > margin).then_some(index)
+                });
+                Some(far_enough.unwrap_or(start))
+            }
             Some(Budgeted::Reached | Budgeted::ReachedBefore) => None,
         };
-        let start = resumed.as_ref().map_or(0, |s| s.end());
         let chosen = match (&seen, budget_floor) {
             (Some(seen), Some(floor)) if summary.is_none() => {
                 settled_end(input.messages, start, seen, &work.items, floor)
