@@ -3,6 +3,8 @@
 //! run over the whole conversation with no memory gives (messages, report, call changes, or the
 //! same error).
 
+mod support;
+
 use ctxproxy::context::{PipelineInput, Policy, Rewritten, ToolAccess, begin};
 use ctxproxy::conversation::{Message, chain_ids};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -82,30 +84,7 @@ fn conversation() -> impl Strategy<Value = Vec<Value>> {
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
-    (
-        prop::option::of((0..3usize, any::<bool>(), any::<bool>())),
-        prop::option::of((0..5usize, any::<bool>())),
-        prop::option::of(1..80u64),
-        prop::option::of(prop_oneof![20..1500u64, 1500..200_000u64]),
-        any::<bool>(),
-    )
-        .prop_map(|(filter, window, compress, budget, placeholder)| {
-            let mut p = json!({"repair": {"unanswered_calls": if placeholder { "placeholder" } else { "drop" }}});
-            if let Some((n, include, ph)) = filter {
-                let key = if include { "include" } else { "exclude" };
-                p["tool_filter"] = json!({key: [NAMES[n]], "placeholder": ph});
-            }
-            if let Some((max, turn)) = window {
-                p["tool_call_window"] = json!({"max": max, "unit": if turn { "turn" } else { "call" }});
-            }
-            if let Some(max) = compress {
-                p["compress_tool_output"] = json!({"max_tokens": max});
-            }
-            if let Some(max) = budget {
-                p["token_budget"] = json!({"max_tokens": max});
-            }
-            serde_json::from_value(p).unwrap()
-        })
+    support::any_policy(&NAMES, prop_oneof![20..1500u64, 1500..200_000u64])
 }
 
 /// One run of the pipeline the way the proxy runs it (`begin`, then `finish` with no summary),

@@ -56,6 +56,33 @@ pub(crate) enum Budgeted {
     ReachedBefore,
 }
 
+impl Budgeted {
+    /// The cost of the newest segment the budget dropped that starts before `end`.
+    pub(crate) fn newest_dropped_before(&self, end: usize) -> Option<u64> {
+        let Budgeted::Cut { dropped, .. } = self else {
+            return None;
+        };
+        dropped
+            .iter()
+            .rev()
+            .find(|&&(index, _)| index < end)
+            .map(|&(_, cost)| cost)
+    }
+
+    /// The first index of the newest dropped segment that has more than `margin` tokens of
+    /// dropped history from it to the kept history.
+    pub(crate) fn dropped_beyond(&self, margin: u64) -> Option<usize> {
+        let Budgeted::Cut { dropped, .. } = self else {
+            return None;
+        };
+        let mut behind = 0;
+        dropped.iter().rev().find_map(|&(index, cost)| {
+            behind += cost;
+            (behind > margin).then_some(index)
+        })
+    }
+}
+
 /// Messages before the working copy (a settled start, see `settled.rs`) as the budget sees
 /// them: what of them it always keeps (instructions), and the cost of their newest segment it
 /// may drop, if any.

@@ -484,25 +484,15 @@ impl<'a> Early<'a> {
                         .budget_keeps_all(&work.items, limit, fixed)
                         .then_some(Budgeted::KeptAll)
                 }
-                // The budget stops before it reaches into the start, as it did when the start
-                // was settled.
-                Some(settled) => Some(budget::apply(
-                    &mut work,
-                    b,
-                    window,
-                    tools_tokens,
-                    unanswered,
-                    settled.before(),
-                ))
-                .filter(|b| *b != Budgeted::ReachedBefore),
-                None => Some(budget::apply(
-                    &mut work,
-                    b,
-                    window,
-                    tools_tokens,
-                    unanswered,
-                    budget::Before::default(),
-                )),
+                // Over the whole, or from a start it dropped all but the instructions of: then
+                // it must stop before it reaches into the start, as it did when the start was
+                // settled.
+                _ => {
+                    let before = resumed.as_ref().map(|s| s.before()).unwrap_or_default();
+                    let outcome =
+                        budget::apply(&mut work, b, window, tools_tokens, unanswered, before);
+                    Some(outcome).filter(|b| *b != Budgeted::ReachedBefore)
+                }
             };
             if resumed.is_some() && budgeted.is_none() {
                 let early = begin_at(input, counter, memory.map(Memory::whole))?;
@@ -512,36 +502,10 @@ impl<'a> Early<'a> {
         // The start to remember, chosen before repair moves anything: where the budget left
         // all of it or all but its instructions.
         let start = resumed.as_ref().map_or(0, |s| s.end());
-        let budget_floor = match &budgeted {
-            None | Some(Budgeted::KeptAll) => Some(usize::MAX),
-            Some(Budgeted::Cut { dropped, .. }) => {
-                // Dropped history between the start and the kept history, as much as the next
-                // turn's cut may move back: by what this current turn costs (once history, it
-                // may be shortened), the segment the budget stopped at, and a sixteenth of the
-                // budget (for a call leaving the window). Not that much after `start`: keep it.
-                let limit = policy
-                    .token_budget
-                    .map_or(0, |b| b.limit(input.model.context_window));
-                let current: u64 = work
-                    .items
-                    .iter()
-                    .filter(|i| !i.history)
-                    .map(|i| i.tokens)
-                    .sum();
-                let stopped_at = dropped.last().map_or(0, |&(_, cost)| cost);
-                let margin = current + stopped_at + limit / 16;
-                let mut behind = 0;
-                let far_enough = dropped.iter().rev().find_map(|&(index, cost)| {
-                    behind += cost;
-                    (behind > margin).then_some(index)
-                });
-                Some(far_enough.unwrap_or(start))
-            }
-            Some(Budgeted::Reached | Budgeted::ReachedBefore) => None,
-        };
-        let chosen = match (&seen, budget_floor) {
-            (Some(seen), Some(floor)) if summary.is_none() => {
-                settled_end(input.messages, start, seen, &work.items, floor)
+        let chosen = match &seen {
+            Some(seen) if summary.is_none() => {
+                settle_floor(budgeted.as_ref(), start, input, &work.items)
+                    .and_then(|floor| settled_end(input.messages, start, seen, &work.items, floor))
             }
             _ => None,
         };
@@ -557,14 +521,9 @@ impl<'a> Early<'a> {
                 first_droppable: end.first_droppable,
                 window_cut: seen.window.is_some_and(|w| w.found),
                 budget_cut: matches!(budgeted, Some(Budgeted::Cut { .. })),
-                newest_droppable: match &budgeted {
-                    Some(Budgeted::Cut { dropped, .. }) => dropped
-                        .iter()
-                        .rev()
-                        .find(|&&(index, _)| index < end.at)
-                        .map(|&(_, cost)| cost),
-                    _ => None,
-                },
+                newest_droppable: budgeted
+                    .as_ref()
+                    .and_then(|b| b.newest_dropped_before(end.at)),
             };
             let turn_len = input.messages.len();
             let next = settled::extend(resumed.as_deref(), start, end.at, turn_len, extension);
@@ -616,6 +575,36 @@ impl<'a> Early<'a> {
         work.settle_report();
         work.report.tokens_out = work.messages_tokens() + REQUEST_OVERHEAD + tools_tokens;
         Ok(work.into_plan())
+    }
+}
+
+/// How far a start settled after this run may reach, as far as the budget tells (`None`: not
+/// at all). Everything, when it kept everything or there is none. When it cut, there must be
+/// dropped history between the start and the kept history, as much as the next turn's cut may
+/// move back: by what this current turn costs (once history, it may be shortened), the segment
+/// the budget stopped at, and a sixteenth of the budget (for a call leaving the window). Short
+/// of that much after `start`, the start stays where it is.
+fn settle_floor(
+    budgeted: Option<&Budgeted>,
+    start: usize,
+    input: PipelineInput<'_>,
+    items: &[Item<'_>],
+) -> Option<usize> {
+    match budgeted {
+        None | Some(Budgeted::KeptAll) => Some(usize::MAX),
+        Some(cut @ Budgeted::Cut { .. }) => {
+            let limit = input
+                .policy
+                .token_budget
+                .map_or(0, |b| b.limit(input.model.context_window));
+            let current: u64 = items.iter().filter(|i| !i.history).map(|i| i.tokens).sum();
+            let stopped_at = cut.newest_dropped_before(usize::MAX).unwrap_or(0);
+            Some(
+                cut.dropped_beyond(current + stopped_at + limit / 16)
+                    .unwrap_or(start),
+            )
+        }
+        Some(Budgeted::Reached | Budgeted::ReachedBefore) => None,
     }
 }
 

@@ -12,21 +12,24 @@
 //! - the budget (if any) drops with `unanswered_calls: drop` and either kept everything (a
 //!   later turn checks that it keeps everything again, with the start's tokens remembered) or
 //!   stopped at a segment after `end`, dropping all of the start but its instructions (a later
-//!   turn checks that it stops after `end` again, which it does when what comes after `end`
-//!   alone does not fit, the start's instructions counted);
+//!   turn checks that it stops before reaching into the start again: what comes after `end`,
+//!   the start's instructions counted, leaves no room for the start's newest segment);
 //! - no summary is in the policy.
 //!
 //! Every other step decides per message or per call, and repair only looks at a call and its
 //! results, so the start comes out the same. A later turn then runs the pipeline over the
 //! messages from `end` on only, checks the conditions above on what it finds there, and joins
-//! the remembered outcome of the start (its plan, its part of the report, its tokens) in front;
+//! the remembered outcome of the start (the runs of it sent, its part of the report, its
+//! tokens) in front;
 //! when a check fails, it runs over the whole conversation instead. Property tests compare the
 //! two runs (`tests/pipeline_settled.rs`).
 //!
-//! The key is the conversation's last message's chained id, with the spellings of its calls
-//! (see `tokens::spelling`) and everything else the start's outcome depends on (the policy,
-//! the tools the role may use, how the wire sends text and calls): a later turn finds it among
-//! its last few ids, as the token counter finds a conversation's counts.
+//! The key is the conversation's last message's chained id, with the spelling and form of
+//! every message (see `tokens::spelling`: what the id leaves out but the rewrite passes on or
+//! decides by) and everything else the start's outcome depends on (the policy, the tools the
+//! role may use, how the wire sends text and calls): a later turn finds it among its last few
+//! ids, as the token counter finds a conversation's counts. A start holds no message, only
+//! positions into the conversation each turn sends, so nothing of one request reaches another.
 
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::Range;

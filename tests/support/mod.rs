@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use ctxproxy::context::{PipelineInput, Policy, Rewritten, run};
 use ctxproxy::conversation::{Message, Role};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
-use serde_json::Value;
+use proptest::prelude::*;
+use serde_json::{Value, json};
 
 pub fn fixture(name: &str) -> Value {
     let path = format!(
@@ -121,4 +122,36 @@ pub fn result_ids(messages: &[Message]) -> Vec<String> {
         .filter(|m| m.role == Role::Tool)
         .filter_map(|m| m.tool_call_id.clone())
         .collect()
+}
+
+/// Any policy of steps 2–7 (no summary, no tool access), for property tests: a tool filter on
+/// one of `names`, a window, compression, a budget of `budget` tokens, repair's mode.
+pub fn any_policy(
+    names: &'static [&'static str],
+    budget: impl Strategy<Value = u64>,
+) -> impl Strategy<Value = Policy> {
+    (
+        prop::option::of((0..names.len(), any::<bool>(), any::<bool>())),
+        prop::option::of((0..5usize, any::<bool>())),
+        prop::option::of(1..80u64),
+        prop::option::of(budget),
+        any::<bool>(),
+    )
+        .prop_map(move |(filter, window, compress, budget, placeholder)| {
+            let mut p = json!({"repair": {"unanswered_calls": if placeholder { "placeholder" } else { "drop" }}});
+            if let Some((n, include, ph)) = filter {
+                let key = if include { "include" } else { "exclude" };
+                p["tool_filter"] = json!({key: [names[n]], "placeholder": ph});
+            }
+            if let Some((max, turn)) = window {
+                p["tool_call_window"] = json!({"max": max, "unit": if turn { "turn" } else { "call" }});
+            }
+            if let Some(max) = compress {
+                p["compress_tool_output"] = json!({"max_tokens": max});
+            }
+            if let Some(max) = budget {
+                p["token_budget"] = json!({"max_tokens": max});
+            }
+            serde_json::from_value(p).unwrap()
+        })
 }
