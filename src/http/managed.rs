@@ -132,7 +132,11 @@ async fn run(
         headers,
         body,
     };
-    let task = background.spawn(handle(state, request, log, client.watch()).instrument(span));
+    // Boxed: the request's future is several kilobytes, and spawning moves a future by value
+    // through a few frames (and reading its output moves the task's stage, which is as large):
+    // a box makes each of those moves a pointer's.
+    let work = Box::pin(handle(state, request, log, client.watch()).instrument(span));
+    let task = background.spawn(work);
     let mut response = match task.await {
         Ok(r) => r,
         Err(e) => Error::Internal(format!("request task failed: {e}")).into_response(),

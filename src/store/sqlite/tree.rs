@@ -19,17 +19,26 @@ const CHUNK: usize = 500;
 /// Ids in the first, tail-end window of a prefix lookup: covers a client resending its history
 /// with a few new messages (a user message, or the results of parallel tool calls).
 const FIRST_PROBE: usize = 8;
-/// IN lists are padded (with repeats of their last id) to a multiple of this, so that the
-/// statement cache holds a few shapes instead of one per conversation length.
+/// IN lists longer than [`SMALL`] are padded (with repeats of their last id) to a multiple of
+/// this, so that the statement cache holds a few shapes instead of one per conversation length.
 const PAD: usize = 50;
+/// IN lists up to this long (a turn's new messages, a reply, the first window of a prefix
+/// lookup: the usual case) are padded to a power of two only. SQLite builds a sorted table of
+/// an IN list's values and seeks the index once per value, so padding one id to 50 made each
+/// small lookup cost 50.
+const SMALL: usize = 8;
 
-/// The placeholders of an IN list of `n` ids, padded to [`PAD`], and the padded length. They
-/// are bare `?`s: SQLite numbers each one past the highest number used before it, so the list
-/// follows the statement's numbered leading parameters, and one static string serves every
-/// statement.
+/// The placeholders of an IN list of `n` ids, padded (see [`SMALL`] and [`PAD`]), and the
+/// padded length. They are bare `?`s: SQLite numbers each one past the highest number used
+/// before it, so the list follows the statement's numbered leading parameters, and one static
+/// string serves every statement.
 fn in_list(n: usize) -> (&'static str, usize) {
     static PLACEHOLDERS: LazyLock<String> = LazyLock::new(|| vec!["?"; CHUNK].join(", "));
-    let padded = n.div_ceil(PAD).max(1) * PAD;
+    let padded = if n <= SMALL {
+        n.max(1).next_power_of_two()
+    } else {
+        n.div_ceil(PAD) * PAD
+    };
     // "?, " per id, without the last separator.
     (&PLACEHOLDERS[..padded * 3 - 2], padded)
 }
@@ -324,6 +333,23 @@ fn tail_first_windows(len: usize) -> impl Iterator<Item = std::ops::Range<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_lists_come_in_few_shapes_and_small_ones_stay_small() {
+        let padded = |n| in_list(n).1;
+        assert_eq!(
+            (0..=8).map(padded).collect::<Vec<_>>(),
+            [1, 1, 2, 4, 4, 8, 8, 8, 8]
+        );
+        assert_eq!([9, 50, 51, 499, 500].map(padded), [50, 50, 100, 500, 500]);
+        let shapes: std::collections::HashSet<usize> = (0..=CHUNK).map(padded).collect();
+        assert_eq!(shapes.len(), 4 + CHUNK / PAD);
+        for n in 0..=CHUNK {
+            let (list, padded) = in_list(n);
+            assert!(padded >= n);
+            assert_eq!(list.matches('?').count(), padded, "{n}");
+        }
+    }
 
     #[test]
     fn each_step_of_a_path_finds_the_parent_by_its_primary_key() {
