@@ -58,7 +58,9 @@ where
     // A small buffer: the client reads at its pace, but a slow client never makes us hold a
     // whole answer in memory.
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    tokio::spawn(async move {
+    // Boxed: the relay's future holds the request's completion and is kilobytes large, and
+    // spawning moves a future by value through several frames.
+    tokio::spawn(Box::pin(async move {
         let mut stream = resp.bytes_stream();
         let mut acc = StreamAccumulator::new(kind);
         let mut client_gone = false;
@@ -90,7 +92,8 @@ where
                 Ok(Some(Ok(chunk))) => {
                     // The rebuild sees the chunk before the client does: only it can tell that
                     // this chunk completes the last event, which may arrive split across
-                    // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap.
+                    // reads (`data: [DO` + `NE]\n\n`). Its parsing is linear and cheap; a
+                    // chat chunk's JSON is read once the chunk has gone on (`digest`).
                     acc.feed(&chunk);
                     if announced.is_none()
                         && let Some(id) = acc.response_id()
@@ -115,6 +118,7 @@ where
                     {
                         client_gone = true;
                     }
+                    acc.digest();
                 }
                 // A connection that breaks (or stalls) after the whole answer came ends the
                 // stream as an upstream that left out `[DONE]` does: the answer is kept, and
@@ -193,7 +197,7 @@ where
             relay_the_rest(&mut stream, &tx, AFTER_DONE.min(idle), &abort).await;
         }
         drop(tx);
-    });
+    }));
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     Body::from_stream(stream)
 }

@@ -106,6 +106,8 @@ pub struct StreamAccumulator {
     done: bool,
     /// Where that event began in the stream (bytes from its start).
     done_at: Option<u64>,
+    /// Chat events fed and not yet read into the reply (see [`StreamAccumulator::digest`]).
+    unread: Vec<SseEvent>,
 }
 
 #[derive(Debug, Default)]
@@ -287,18 +289,35 @@ impl StreamAccumulator {
             error: None,
             done: false,
             done_at: None,
+            unread: Vec::new(),
         }
     }
 
-    /// Feeds bytes as they pass to the client.
+    /// Feeds bytes before they pass to the client: enough to tell where the stream's events
+    /// end and whether its last one came. A chat chunk's JSON is read later ([`digest`]), so
+    /// that the client does not wait for it: chat's last event is `[DONE]`, told without it.
+    /// A Responses stream's last event is told by its `type`, so its events are read here.
+    ///
+    /// [`digest`]: StreamAccumulator::digest
     pub fn feed(&mut self, chunk: &[u8]) {
         let events = self.parser.feed(chunk);
         for (i, event) in events.into_iter().enumerate() {
             let before = self.done;
-            self.event(event);
+            match self.kind {
+                ApiKind::Chat if !self.done && is_chat_chunk(&event) => self.unread.push(event),
+                _ => self.event(event),
+            }
             if self.done && !before {
                 self.done_at = self.parser.starts().get(i).copied();
             }
+        }
+    }
+
+    /// Reads the chat chunks fed since the last call into the reply (once they have passed on
+    /// to the client). Every other method that reads the reply calls it first.
+    pub fn digest(&mut self) {
+        for event in std::mem::take(&mut self.unread) {
+            self.read(&event);
         }
     }
 
@@ -323,6 +342,7 @@ impl StreamAccumulator {
 
     /// The reply rebuilt from everything fed, and whether the stream ended as a whole answer.
     pub fn finish(mut self) -> Streamed {
+        self.digest();
         for event in self.parser.finish() {
             self.event(event);
         }
@@ -357,7 +377,8 @@ impl StreamAccumulator {
     /// chat choice has its finish reason, or a Responses stream its `response.completed` (or
     /// `response.incomplete`), and no error event came. A transport that breaks after that
     /// (before `[DONE]`, or before a usage chunk) has lost nothing of the answer.
-    pub fn answered(&self) -> bool {
+    pub fn answered(&mut self) -> bool {
+        self.digest();
         if self.error.is_some() {
             return false;
         }
@@ -389,6 +410,11 @@ impl StreamAccumulator {
         if event.data.is_empty() {
             return;
         }
+        self.read(&event);
+    }
+
+    /// Reads one event's JSON into the reply (an event that is not JSON is not the answer's).
+    fn read(&mut self, event: &SseEvent) {
         let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
             return;
         };
@@ -644,6 +670,11 @@ fn error_message(kind: ApiKind, name: Option<&str>, v: &Value) -> Option<String>
 /// delta keeps what was accumulated. Anything else (numbers included) is the latest value: the
 /// SDK adds numbers, but no delta field streams a number in increments, and one repeated in
 /// every chunk (a timestamp, a count so far) must not be summed into the stored message.
+/// Whether a chat stream's event is one of its chunks: not the closing `[DONE]`, not empty.
+fn is_chat_chunk(event: &SseEvent) -> bool {
+    !event.data.is_empty() && event.data != "[DONE]"
+}
+
 fn merge_delta(acc: &mut Map<String, Value>, key: &str, value: &Value) {
     let Some(slot) = acc.get_mut(key) else {
         acc.insert(key.to_string(), value.clone());
@@ -893,6 +924,30 @@ mod tests {
     }
 
     /// What follows `[DONE]`, in the same read or a later one, is not part of the answer.
+    #[test]
+    fn chat_chunks_are_read_after_they_pass_on_and_none_is_lost() {
+        let text = |t: &str| json!({"choices":[{"index":0,"delta":{"content":t}}]});
+        let end = json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]});
+        let mut acc = StreamAccumulator::new(ApiKind::Chat);
+        acc.feed(format!("data: {}\n\n", text("Hello")).as_bytes());
+        // Not read yet: the chunk goes on to the client first.
+        assert_eq!(acc.unread.len(), 1);
+        acc.digest();
+        assert!(acc.unread.is_empty());
+        // A chunk that finishes the answer, its `[DONE]` and what follows it in one read: the
+        // last event is told at once, the finish reason once read.
+        let body = format!(
+            "data: {}\n\ndata: {end}\n\ndata: [DONE]\n\ndata: {}\n\n",
+            text(" there"),
+            text(" EXTRA")
+        );
+        acc.feed(body.as_bytes());
+        assert!(acc.saw_done());
+        assert_eq!(acc.unread.len(), 2, "what follows [DONE] is not kept");
+        assert!(acc.answered(), "answered reads what was fed");
+        assert_eq!(acc.finish().reply.messages[0]["content"], "Hello there");
+    }
+
     #[test]
     fn events_after_done_are_not_the_answer() {
         let text = |t: &str| json!({"choices":[{"index":0,"delta":{"content":t}}]});
