@@ -124,14 +124,16 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
     // An assistant's `name` is the client's label, not the model's: frameworks add it to replies
     // they resend (LangGraph's named agents), which the proxy stored without one.
     let assistant = obj.get("role").and_then(Value::as_str) == Some("assistant");
-    let mut out = Vec::with_capacity(MESSAGE_FIELDS.len() + extra.len());
-    for key in MESSAGE_FIELDS {
-        if assistant && key == "name" {
-            continue;
-        }
-        let Some(v) = obj.get(key).filter(present) else {
+    let mut out = Vec::with_capacity(obj.len().min(MESSAGE_FIELDS.len()) + extra.len());
+    // The message's own few fields, each checked against the known ones: a lookup of each
+    // known field would hash eleven keys per message.
+    for (key, v) in obj {
+        let Some(&key) = MESSAGE_FIELDS.iter().find(|f| **f == key.as_str()) else {
             continue;
         };
+        if (assistant && key == "name") || !present(&v) {
+            continue;
+        }
         let part = match key {
             "arguments" => arguments(v, Part::Value(v)),
             // A parts array of text only is reduced to its text; anything else is written
@@ -159,9 +161,8 @@ fn fields(obj: &Map<String, Value>) -> Vec<(&str, Part<'_>)> {
             out.push((key, Part::Pruned(v)));
         }
     }
-    if !extra.is_empty() {
-        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    }
+    // Known fields in sorted order (MESSAGE_FIELDS is), the extra ones among them.
+    out.sort_unstable_by(|a, b| a.0.cmp(b.0));
     out
 }
 
