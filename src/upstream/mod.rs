@@ -2,6 +2,7 @@
 //! configured time limits, mapping transport failures to the crate's errors, and relaying
 //! answers (see `relay`) while the reply is rebuilt beside the byte stream (see `reply`).
 
+mod chunk_view;
 pub mod headers;
 pub mod relay;
 pub mod reply;

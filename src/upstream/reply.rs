@@ -5,10 +5,12 @@
 //! stream that stops before any finish reason or `[DONE]`, or a Responses stream that stops
 //! before its terminal event, leaves only part of one.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
+use super::chunk_view::ChatChunk;
 use super::sse::{SseEvent, SseParser};
 
 /// Which API the reply belongs to.
@@ -108,6 +110,8 @@ pub struct StreamAccumulator {
     done_at: Option<u64>,
     /// Chat events fed and not yet read into the reply (see [`StreamAccumulator::digest`]).
     unread: Vec<SseEvent>,
+    /// Read every chat chunk as a `Value`, never through its view (tests compare the two).
+    values_only: bool,
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +207,30 @@ impl ChoiceDeltas {
     /// Where a tool call delta without an `index` goes (Gemini's OpenAI endpoint sends none,
     /// parallel calls included): to the call with its `id`, or a new call when the id is new;
     /// a delta without an id continues the last call.
+    /// A chunk's `finish_reason`. Some servers send `""` on every chunk before the real one:
+    /// no reason yet.
+    fn finish_reason(&mut self, reason: Option<&Value>) {
+        if let Some(fr) = reason.filter(|f| !f.is_null() && f.as_str() != Some("")) {
+            self.finish_reason = Some(fr.clone());
+        }
+    }
+
+    /// A chunk's `logprobs`, when it holds some.
+    fn logprobs(&mut self, logprobs: Option<&Value>) {
+        if let Some(logprobs) = logprobs.filter(|l| l.is_object()) {
+            merge_delta(&mut self.logprobs, "logprobs", logprobs);
+        }
+    }
+
+    /// One entry of a chunk's `tool_calls`, added to the call its `index` names.
+    fn call(&mut self, call: &Value) {
+        let ci = match call.get("index").and_then(Value::as_u64) {
+            Some(ci) => ci,
+            None => self.call_without_index(call),
+        };
+        self.tool_calls.entry(ci).or_default().feed(call);
+    }
+
     fn call_without_index(&self, call: &Value) -> u64 {
         let last = self.tool_calls.keys().next_back().copied();
         let id = call
@@ -290,6 +318,7 @@ impl StreamAccumulator {
             done: false,
             done_at: None,
             unread: Vec::new(),
+            values_only: false,
         }
     }
 
@@ -415,6 +444,13 @@ impl StreamAccumulator {
 
     /// Reads one event's JSON into the reply (an event that is not JSON is not the answer's).
     fn read(&mut self, event: &SseEvent) {
+        if self.kind == ApiKind::Chat
+            && !self.values_only
+            && let Some(chunk) = ChatChunk::parse(&event.data)
+        {
+            self.chat_chunk_view(chunk);
+            return;
+        }
         let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
             return;
         };
@@ -440,16 +476,8 @@ impl StreamAccumulator {
         for choice in choices {
             let index = choice.get("index").and_then(Value::as_u64).unwrap_or(0);
             let acc = self.chat.entry(index).or_default();
-            // Some servers send `""` on every chunk before the real one: no reason yet.
-            if let Some(fr) = choice
-                .get("finish_reason")
-                .filter(|f| !f.is_null() && f.as_str() != Some(""))
-            {
-                acc.finish_reason = Some(fr.clone());
-            }
-            if let Some(logprobs) = choice.get("logprobs").filter(|l| l.is_object()) {
-                merge_delta(&mut acc.logprobs, "logprobs", logprobs);
-            }
+            acc.finish_reason(choice.get("finish_reason"));
+            acc.logprobs(choice.get("logprobs"));
             let Some(delta) = choice.get("delta") else {
                 continue;
             };
@@ -475,11 +503,38 @@ impl StreamAccumulator {
                 .into_iter()
                 .flatten()
             {
-                let ci = match call.get("index").and_then(Value::as_u64) {
-                    Some(ci) => ci,
-                    None => acc.call_without_index(call),
-                };
-                acc.tool_calls.entry(ci).or_default().feed(call);
+                acc.call(call);
+            }
+        }
+    }
+
+    /// [`chat_chunk`](Self::chat_chunk) for a chunk read through its view: the same, field
+    /// for field, for the chunks the view reads (`tests::chunk_views_rebuild_as_values_do`).
+    fn chat_chunk_view(&mut self, chunk: ChatChunk<'_>) {
+        if self.id.is_none() {
+            self.id = chunk.id.map(Cow::into_owned);
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some(u);
+        }
+        for choice in chunk.choices.into_iter().flatten() {
+            let acc = self.chat.entry(choice.index.unwrap_or(0)).or_default();
+            acc.finish_reason(choice.finish_reason.as_ref());
+            acc.logprobs(choice.logprobs.as_ref());
+            let Some(delta) = choice.delta else {
+                continue;
+            };
+            if let Some(role) = delta.role {
+                acc.role = Some(role.into_owned());
+            }
+            if let Some(text) = delta.content {
+                acc.content.push_text(&text);
+            }
+            if let Some(text) = delta.refusal {
+                acc.refusal.get_or_insert_with(String::new).push_str(&text);
+            }
+            for call in delta.tool_calls.iter().flatten() {
+                acc.call(call);
             }
         }
     }
@@ -736,6 +791,7 @@ fn merge_list_entry(acc: &mut Vec<Value>, item: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn sse(chunks: &[Value]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -924,6 +980,145 @@ mod tests {
     }
 
     /// What follows `[DONE]`, in the same read or a later one, is not part of the answer.
+    /// A chat chunk, now the usual shape (text, calls, finish, usage), now one the view does
+    /// not read (other delta fields, content parts, errors, nulls, other types).
+    fn any_chat_chunk() -> impl Strategy<Value = Value> {
+        let text = prop_oneof![
+            Just(Value::Null),
+            Just(json!("")),
+            Just(json!("Hello")),
+            Just(json!(" wor\"ld\n")),
+            Just(json!("é\u{1F600}")),
+            Just(json!(3)),
+            Just(json!([{"type": "text", "text": "part"}])),
+        ];
+        let call = (
+            prop_oneof![
+                Just(json!(0)),
+                Just(json!(1)),
+                Just(Value::Null),
+                Just(json!("0"))
+            ],
+            prop_oneof![Just(json!("call_1")), Just(json!("")), Just(Value::Null)],
+            prop_oneof![
+                Just(json!({"name": "f", "arguments": ""})),
+                Just(json!({"arguments": "{\"a\""})),
+                Just(json!({"arguments": ": 1}"})),
+                Just(json!({"name": "f"}))
+            ],
+        )
+            .prop_map(|(index, id, function)| {
+                let mut c = json!({"type": "function", "function": function});
+                if !index.is_null() {
+                    c["index"] = index;
+                }
+                if !id.is_null() {
+                    c["id"] = id;
+                }
+                c
+            });
+        let delta = (
+            prop::option::of(prop_oneof![
+                Just(json!("assistant")),
+                Just(Value::Null),
+                Just(json!(1))
+            ]),
+            prop::option::of(text.clone()),
+            prop::option::of(text),
+            prop::option::of(prop::collection::vec(call, 0..3)),
+            prop::option::of(prop_oneof![
+                Just(("reasoning_content", json!("hm"))),
+                Just(("audio", json!({"id": "a1", "transcript": "t"}))),
+                Just(("function_call", json!({"name": "f", "arguments": "{}"}))),
+            ]),
+        )
+            .prop_map(|(role, content, refusal, calls, extra)| {
+                let mut d = json!({});
+                if let Some(r) = role {
+                    d["role"] = r;
+                }
+                if let Some(c) = content {
+                    d["content"] = c;
+                }
+                if let Some(r) = refusal {
+                    d["refusal"] = r;
+                }
+                if let Some(c) = calls {
+                    d["tool_calls"] = Value::Array(c);
+                }
+                if let Some((k, v)) = extra {
+                    d[k] = v;
+                }
+                d
+            });
+        let choice = (
+            prop_oneof![
+                Just(json!(0)),
+                Just(json!(1)),
+                Just(Value::Null),
+                Just(json!(-1))
+            ],
+            prop_oneof![
+                Just(Value::Null),
+                Just(json!("")),
+                Just(json!("stop")),
+                Just(json!("tool_calls"))
+            ],
+            prop_oneof![
+                Just(Value::Null),
+                Just(json!({"content": [{"token": "a"}]}))
+            ],
+            prop_oneof![delta.prop_map(Some), Just(None), Just(Some(Value::Null))],
+        )
+            .prop_map(|(index, finish, logprobs, delta)| {
+                let mut c = json!({"finish_reason": finish, "logprobs": logprobs});
+                if !index.is_null() {
+                    c["index"] = index;
+                }
+                if let Some(d) = delta {
+                    c["delta"] = d;
+                }
+                c
+            });
+        (
+            prop_oneof![Just(json!("chatcmpl-1")), Just(Value::Null), Just(json!(7))],
+            prop::collection::vec(choice, 0..3),
+            prop_oneof![4 => Just(None), 1 => Just(Some(json!({"total_tokens": 3}))), 1 => Just(Some(Value::Null))],
+            prop_oneof![8 => Just(None), 1 => Just(Some(json!({"message": "boom"}))), 1 => Just(Some(Value::Null))],
+        )
+            .prop_map(|(id, choices, usage, error)| {
+                let mut c = json!({"id": id, "object": "chat.completion.chunk", "model": "m",
+                    "obfuscation": "xyz", "choices": choices});
+                if let Some(u) = usage {
+                    c["usage"] = u;
+                }
+                if let Some(e) = error {
+                    c["error"] = e;
+                }
+                c
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn chunk_views_rebuild_as_values_do(
+            chunks in prop::collection::vec(any_chat_chunk(), 0..8),
+            done in any::<bool>(),
+        ) {
+            let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+            if done {
+                body.push_str("data: [DONE]\n\n");
+            }
+            let mut by_view = StreamAccumulator::new(ApiKind::Chat);
+            let mut by_value = StreamAccumulator::new(ApiKind::Chat);
+            by_value.values_only = true;
+            by_view.feed(body.as_bytes());
+            by_value.feed(body.as_bytes());
+            prop_assert_eq!(by_view.answered(), by_value.answered());
+            prop_assert_eq!(by_view.finish(), by_value.finish());
+        }
+    }
+
     #[test]
     fn chat_chunks_are_read_after_they_pass_on_and_none_is_lost() {
         let text = |t: &str| json!({"choices":[{"index":0,"delta":{"content":t}}]});
