@@ -1,6 +1,7 @@
 //! The reply's rebuild from a chat stream (`StreamAccumulator`), what the relay does to every
-//! chunk of a streamed answer: an OpenAI-shaped stream of 500 text chunks, and one of a tool
-//! call whose arguments come in 500 fragments, fed one event at a time as they arrive.
+//! chunk of a streamed answer: an OpenAI-shaped chat stream of 500 text chunks, one of a tool
+//! call whose arguments come in 500 fragments, and a Responses stream of 500 text deltas, fed
+//! one event at a time as they arrive.
 //!
 //! ```text
 //! cargo bench --bench stream_rebuild
@@ -51,12 +52,35 @@ fn bench(c: &mut Criterion) {
     let call = stream(std::iter::once(json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
         "function": {"name": "get_weather", "arguments": ""}}]}))
     .chain((0..CHUNKS).map(|i| json!({"tool_calls": [{"index": 0, "function": {"arguments": words[i % words.len()]}}]}))));
+    let responses: Vec<String> =
+        std::iter::once(json!({"type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}}))
+        .chain((0..CHUNKS).map(|i| {
+            json!({"type": "response.output_text.delta", "sequence_number": i + 1,
+        "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": words[i % words.len()],
+        "logprobs": [], "obfuscation": "Xq3"})
+        }))
+        .chain(std::iter::once(
+            json!({"type": "response.completed", "sequence_number": CHUNKS + 1,
+        "response": {"id": "resp_1", "object": "response", "status": "completed", "output": []}}),
+        ))
+        .map(|e| {
+            format!(
+                "event: {}\ndata: {e}\n\n",
+                e["type"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
     let mut g = c.benchmark_group("stream_rebuild");
     g.throughput(Throughput::Elements(CHUNKS as u64));
-    for (name, events) in [("text_500_chunks", &text), ("call_500_fragments", &call)] {
+    for (name, kind, events) in [
+        ("text_500_chunks", ApiKind::Chat, &text),
+        ("call_500_fragments", ApiKind::Chat, &call),
+        ("responses_500_text_deltas", ApiKind::Responses, &responses),
+    ] {
         g.bench_function(name, |b| {
             b.iter(|| {
-                let mut acc = StreamAccumulator::new(ApiKind::Chat);
+                let mut acc = StreamAccumulator::new(kind);
                 for e in events {
                     acc.feed(black_box(e.as_bytes()));
                     acc.digest();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
-use super::chunk_view::ChatChunk;
+use super::chunk_view::{ChatChunk, ResponsesDelta};
 use super::sse::{SseEvent, SseParser};
 
 /// Which API the reply belongs to.
@@ -444,12 +444,19 @@ impl StreamAccumulator {
 
     /// Reads one event's JSON into the reply (an event that is not JSON is not the answer's).
     fn read(&mut self, event: &SseEvent) {
-        if self.kind == ApiKind::Chat
-            && !self.values_only
-            && let Some(chunk) = ChatChunk::parse(&event.data)
-        {
-            self.chat_chunk_view(chunk);
-            return;
+        if !self.values_only {
+            match self.kind {
+                ApiKind::Chat => {
+                    if let Some(chunk) = ChatChunk::parse(&event.data) {
+                        return self.chat_chunk_view(chunk);
+                    }
+                }
+                ApiKind::Responses => {
+                    if let Some(delta) = ResponsesDelta::parse(&event.data) {
+                        return self.responses_delta(delta);
+                    }
+                }
+            }
         }
         let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
             return;
@@ -607,16 +614,11 @@ impl StreamAccumulator {
                     self.items.insert(index, item);
                 }
             }
-            "response.output_text.delta" => {
-                let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(0);
-                let (id, text) = self.text_deltas.entry(index).or_default();
-                if id.is_none() {
-                    *id = v.get("item_id").and_then(Value::as_str).map(str::to_string);
-                }
-                if let Some(delta) = v.get("delta").and_then(Value::as_str) {
-                    text.push_str(delta);
-                }
-            }
+            "response.output_text.delta" => self.text_delta(
+                v.get("output_index").and_then(Value::as_u64),
+                v.get("item_id").and_then(Value::as_str),
+                v.get("delta").and_then(Value::as_str),
+            ),
             "response.completed" | "response.incomplete" => {
                 if let Some(resp) = v.get_mut("response").map(Value::take) {
                     self.completed = Some(resp);
@@ -631,15 +633,43 @@ impl StreamAccumulator {
             }
             _ => {}
         }
-        // Any item event before its `done` (added, a delta of text, arguments, a refusal, ...)
-        // says the item is under way.
+        self.under_way(&kind, v.get("output_index").and_then(Value::as_u64));
+    }
+
+    /// Any item event before its `done` (added, a delta of text, arguments, a refusal, ...)
+    /// says the item at `index` is under way.
+    fn under_way(&mut self, kind: &str, index: Option<u64>) {
         if kind.starts_with("response.")
             && kind != "response.output_item.done"
-            && let Some(index) = v.get("output_index").and_then(Value::as_u64)
+            && let Some(index) = index
             && !self.items.contains_key(&index)
         {
             self.open_items.insert(index);
         }
+    }
+
+    /// A `response.output_text.delta`'s text, kept by output index with its item's id.
+    fn text_delta(&mut self, index: Option<u64>, item_id: Option<&str>, delta: Option<&str>) {
+        let (id, text) = self.text_deltas.entry(index.unwrap_or(0)).or_default();
+        if id.is_none() {
+            *id = item_id.map(str::to_string);
+        }
+        if let Some(delta) = delta {
+            text.push_str(delta);
+        }
+    }
+
+    /// [`responses_event`](Self::responses_event) for a delta read through its view: the same
+    /// for the events the view reads (`tests::delta_views_rebuild_as_values_do`).
+    fn responses_delta(&mut self, event: ResponsesDelta<'_>) {
+        if event.kind == "response.output_text.delta" {
+            self.text_delta(
+                event.output_index,
+                event.item_id.as_deref(),
+                event.delta.as_deref(),
+            );
+        }
+        self.under_way(&event.kind, event.output_index);
     }
 
     fn finish_responses(mut self) -> Reply {
@@ -1114,6 +1144,101 @@ mod tests {
             by_value.values_only = true;
             by_view.feed(body.as_bytes());
             by_value.feed(body.as_bytes());
+            prop_assert_eq!(by_view.answered(), by_value.answered());
+            prop_assert_eq!(by_view.finish(), by_value.finish());
+        }
+    }
+
+    /// A Responses stream's event: now a delta the view reads, now another event or a delta
+    /// it does not (other types of fields, no `type`, an SSE event name of its own).
+    fn any_responses_event() -> impl Strategy<Value = (Option<&'static str>, Value)> {
+        let index = prop_oneof![
+            Just(json!(0)),
+            Just(json!(1)),
+            Just(Value::Null),
+            Just(json!(-1)),
+            Just(json!("0"))
+        ];
+        let item_id = prop_oneof![
+            Just(json!("msg_1")),
+            Just(json!("msg_2")),
+            Just(Value::Null),
+            Just(json!(5))
+        ];
+        let delta = prop_oneof![
+            Just(json!("Hel")),
+            Just(json!("lo \"x\"\n")),
+            Just(json!("")),
+            Just(Value::Null),
+            Just(json!({"a": 1}))
+        ];
+        let kind = prop_oneof![
+            6 => Just(json!("response.output_text.delta")),
+            2 => Just(json!("response.function_call_arguments.delta")),
+            1 => Just(json!("response.refusal.delta")),
+            1 => Just(json!("response.output_item.added")),
+            1 => Just(json!("response.output_item.done")),
+            1 => Just(json!("response.created")),
+            1 => Just(json!("response.completed")),
+            1 => Just(json!("response.incomplete")),
+            1 => Just(json!("response.failed")),
+            1 => Just(json!("error")),
+            1 => Just(json!("other.delta")),
+            1 => Just(Value::Null),
+        ];
+        let name = prop_oneof![4 => Just(None), 1 => Just(Some("response.output_text.delta")), 1 => Just(Some("error"))];
+        (kind, index, item_id, delta, name).prop_map(|(kind, index, item_id, delta, name)| {
+            let mut e = json!({"sequence_number": 3});
+            for (k, v) in [
+                ("type", kind.clone()),
+                ("output_index", index),
+                ("item_id", item_id.clone()),
+                ("delta", delta),
+            ] {
+                if !v.is_null() {
+                    e[k] = v;
+                }
+            }
+            match kind.as_str() {
+                Some("response.output_item.done") | Some("response.output_item.added") => {
+                    e["item"] = json!({"type": "message", "id": item_id, "role": "assistant",
+                        "content": [{"type": "output_text", "text": "done", "annotations": []}]});
+                }
+                Some("response.created")
+                | Some("response.completed")
+                | Some("response.incomplete") => {
+                    e["response"] = json!({"id": "resp_1", "output": []});
+                }
+                Some("error") => e["message"] = json!("boom"),
+                _ => {}
+            }
+            (name, e)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn delta_views_rebuild_as_values_do(
+            events in prop::collection::vec(any_responses_event(), 0..10),
+            done in any::<bool>(),
+        ) {
+            let mut body = String::new();
+            for (name, e) in &events {
+                if let Some(name) = name {
+                    body.push_str(&format!("event: {name}\n"));
+                }
+                body.push_str(&format!("data: {e}\n\n"));
+            }
+            if done {
+                body.push_str("data: [DONE]\n\n");
+            }
+            let mut by_view = StreamAccumulator::new(ApiKind::Responses);
+            let mut by_value = StreamAccumulator::new(ApiKind::Responses);
+            by_value.values_only = true;
+            by_view.feed(body.as_bytes());
+            by_value.feed(body.as_bytes());
+            prop_assert_eq!(by_view.saw_done(), by_value.saw_done());
+            prop_assert_eq!(by_view.response_id(), by_value.response_id());
             prop_assert_eq!(by_view.answered(), by_value.answered());
             prop_assert_eq!(by_view.finish(), by_value.finish());
         }
