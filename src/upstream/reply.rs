@@ -1010,6 +1010,19 @@ mod tests {
     }
 
     /// What follows `[DONE]`, in the same read or a later one, is not part of the answer.
+    /// What the rebuild makes of `body` reading the events it can through their views, and
+    /// reading every event as a `Value`: whether the last event came, the response's id,
+    /// whether the answer is whole, and the reply.
+    fn rebuilt_both_ways(kind: ApiKind, body: &str) -> [(bool, Option<String>, bool, Streamed); 2] {
+        [false, true].map(|values_only| {
+            let mut acc = StreamAccumulator::new(kind);
+            acc.values_only = values_only;
+            acc.feed(body.as_bytes());
+            let seen = (acc.saw_done(), acc.response_id().map(str::to_string));
+            (seen.0, seen.1, acc.answered(), acc.finish())
+        })
+    }
+
     /// A chat chunk, now the usual shape (text, calls, finish, usage), now one the view does
     /// not read (other delta fields, content parts, errors, nulls, other types).
     fn any_chat_chunk() -> impl Strategy<Value = Value> {
@@ -1139,13 +1152,8 @@ mod tests {
             if done {
                 body.push_str("data: [DONE]\n\n");
             }
-            let mut by_view = StreamAccumulator::new(ApiKind::Chat);
-            let mut by_value = StreamAccumulator::new(ApiKind::Chat);
-            by_value.values_only = true;
-            by_view.feed(body.as_bytes());
-            by_value.feed(body.as_bytes());
-            prop_assert_eq!(by_view.answered(), by_value.answered());
-            prop_assert_eq!(by_view.finish(), by_value.finish());
+            let [by_view, by_value] = rebuilt_both_ways(ApiKind::Chat, &body);
+            prop_assert_eq!(by_view, by_value);
         }
     }
 
@@ -1232,15 +1240,8 @@ mod tests {
             if done {
                 body.push_str("data: [DONE]\n\n");
             }
-            let mut by_view = StreamAccumulator::new(ApiKind::Responses);
-            let mut by_value = StreamAccumulator::new(ApiKind::Responses);
-            by_value.values_only = true;
-            by_view.feed(body.as_bytes());
-            by_value.feed(body.as_bytes());
-            prop_assert_eq!(by_view.saw_done(), by_value.saw_done());
-            prop_assert_eq!(by_view.response_id(), by_value.response_id());
-            prop_assert_eq!(by_view.answered(), by_value.answered());
-            prop_assert_eq!(by_view.finish(), by_value.finish());
+            let [by_view, by_value] = rebuilt_both_ways(ApiKind::Responses, &body);
+            prop_assert_eq!(by_view, by_value);
         }
     }
 
