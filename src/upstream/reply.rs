@@ -35,12 +35,21 @@ pub struct Reply {
 impl Reply {
     /// The reply of a non-streamed answer body.
     pub fn from_body(kind: ApiKind, body: &[u8]) -> Option<Reply> {
-        let v: Value = serde_json::from_slice(body).ok()?;
+        // Its parts are taken out of the parsed body, not copied.
+        let mut v: Value = serde_json::from_slice(body).ok()?;
+        let mut take_array = |key: &str| match v.get_mut(key).map(Value::take) {
+            Some(Value::Array(items)) => Some(items),
+            _ => None,
+        };
+        let parts = match kind {
+            ApiKind::Chat => take_array("choices"),
+            ApiKind::Responses => take_array("output"),
+        };
         let id = v.get("id").and_then(Value::as_str).map(str::to_string);
-        let usage = v.get("usage").filter(|u| !u.is_null()).cloned();
+        let usage = v.get_mut("usage").filter(|u| !u.is_null()).map(Value::take);
         match kind {
             ApiKind::Chat => {
-                let choices = v.get("choices")?.as_array()?.clone();
+                let choices = parts?;
                 let first = choices
                     .iter()
                     .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
@@ -54,7 +63,7 @@ impl Reply {
                 })
             }
             ApiKind::Responses => Some(Reply {
-                messages: v.get("output")?.as_array()?.clone(),
+                messages: parts?,
                 choices: Vec::new(),
                 usage,
                 id,
