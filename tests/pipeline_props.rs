@@ -26,7 +26,7 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
-fn call(id: String, name: usize) -> Value {
+fn call(id: &str, name: usize) -> Value {
     json!({"id": id, "type": "function", "function": {"name": NAMES[name], "arguments": "{\"q\":1}"}})
 }
 
@@ -38,25 +38,8 @@ fn valid_turn() -> impl Strategy<Value = Vec<Value>> {
         prop::option::of(text()),
     )
         .prop_map(|(q, rounds, reply)| {
-            let mut out = vec![json!({"role": "user", "content": q})];
-            for (r, calls) in rounds.into_iter().enumerate() {
-                let ids: Vec<String> = (0..calls.len())
-                    .map(|i| format!("call_{r}_{i}_{}", q.len()))
-                    .collect();
-                let tc: Vec<Value> = calls
-                    .iter()
-                    .zip(&ids)
-                    .map(|((n, _), id)| call(id.clone(), *n))
-                    .collect();
-                out.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
-                for ((_, t), id) in calls.iter().zip(&ids) {
-                    out.push(json!({"role": "tool", "tool_call_id": id, "content": t}));
-                }
-            }
-            if let Some(reply) = reply.filter(|r| !r.is_empty()) {
-                out.push(json!({"role": "assistant", "content": reply}));
-            }
-            out
+            let tag = q.len();
+            support::agent_turn(q, rounds, reply, tag, call)
         })
 }
 
@@ -68,7 +51,7 @@ fn any_message() -> impl Strategy<Value = Value> {
         2 => prop::option::of(text()).prop_map(|t| json!({"role": "assistant", "content": t})),
         3 => (prop::collection::vec((id(), 0..3usize), 0..4), prop::option::of(text()))
             .prop_map(|(calls, t)| {
-                let tc: Vec<Value> = calls.into_iter().map(|(i, n)| call(i, n)).collect();
+                let tc: Vec<Value> = calls.into_iter().map(|(i, n)| call(&i, n)).collect();
                 json!({"role": "assistant", "content": t, "tool_calls": tc})
             }),
         4 => (id(), text()).prop_map(|(i, t)| json!({"role": "tool", "tool_call_id": i, "content": t})),

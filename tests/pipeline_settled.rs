@@ -37,25 +37,7 @@ fn piece() -> impl Strategy<Value = Vec<Value>> {
         any::<u16>(),
     )
         .prop_map(|(q, rounds, reply, salt)| {
-            let mut out = vec![json!({"role": "user", "content": q})];
-            for (r, calls) in rounds.into_iter().enumerate() {
-                let ids: Vec<String> = (0..calls.len())
-                    .map(|i| format!("call_{r}_{i}_{}", salt % 7))
-                    .collect();
-                let tc: Vec<Value> = calls
-                    .iter()
-                    .zip(&ids)
-                    .map(|((n, _), id)| call(id, *n, false))
-                    .collect();
-                out.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
-                for ((_, t), id) in calls.iter().zip(&ids) {
-                    out.push(json!({"role": "tool", "tool_call_id": id, "content": t}));
-                }
-            }
-            if let Some(reply) = reply.filter(|r| !r.is_empty()) {
-                out.push(json!({"role": "assistant", "content": reply}));
-            }
-            out
+            support::agent_turn(q, rounds, reply, salt % 7, |id, n| call(id, n, false))
         });
     let id = || (0..4u8).prop_map(|i| format!("call_0_{i}_0"));
     let stray = prop_oneof![

@@ -155,3 +155,34 @@ pub fn any_policy(
             serde_json::from_value(p).unwrap()
         })
 }
+
+/// One agent turn done right, as wire messages: the question `q`, then each round's calls
+/// (`call` makes one from its id and tool number; ids are `call_{round}_{i}_{tag}`) followed by
+/// their results in order, then the reply if there is one and it is not empty.
+pub fn agent_turn(
+    q: String,
+    rounds: Vec<Vec<(usize, String)>>,
+    reply: Option<String>,
+    tag: impl std::fmt::Display,
+    call: impl Fn(&str, usize) -> Value,
+) -> Vec<Value> {
+    let mut out = vec![json!({"role": "user", "content": q})];
+    for (r, calls) in rounds.into_iter().enumerate() {
+        let ids: Vec<String> = (0..calls.len())
+            .map(|i| format!("call_{r}_{i}_{tag}"))
+            .collect();
+        let tc: Vec<Value> = calls
+            .iter()
+            .zip(&ids)
+            .map(|((n, _), id)| call(id, *n))
+            .collect();
+        out.push(json!({"role": "assistant", "content": null, "tool_calls": tc}));
+        for ((_, t), id) in calls.iter().zip(&ids) {
+            out.push(json!({"role": "tool", "tool_call_id": id, "content": t}));
+        }
+    }
+    if let Some(reply) = reply.filter(|r| !r.is_empty()) {
+        out.push(json!({"role": "assistant", "content": reply}));
+    }
+    out
+}
