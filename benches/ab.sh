@@ -9,19 +9,15 @@
 # OUT (target/ab). Prints ok/errors and p50/p90/p99 to the last byte (and to the first) per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 [[ $# -gt 0 ]] || { echo "usage: benches/ab.sh BIN_DIR..." >&2; exit 2; }
 cargo build --release --bin mock-upstream -q
-LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="loadgen" and m.get("executable"): print(m["executable"])')
+LOADGEN=$(loadgen_path)
 OUT=${OUT:-target/ab}
 rm -rf "$OUT"
 mkdir -p "$OUT/tenants"
 OUT=$(cd "$OUT" && pwd)
-cp config/tenants/default.yaml "$OUT/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+bench_config "$OUT"
 target/release/mock-upstream --listen 127.0.0.1:19860 --no-record >"$OUT/mock.log" 2>&1 &
 MOCK_PID=$!
 PID=

@@ -14,6 +14,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source benches/common.sh
 RATE=${RATE:-1000}
 DUR=${DUR:-8}
 OUT=${OUT:-target/floor}
@@ -29,8 +30,7 @@ if [[ -z $BIN ]]; then
 fi
 STORES=${STORES:-"file memory"}
 CASES=${CASES:-"models chat"}
-cp config/tenants/default.yaml "$OUT/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+bench_config "$OUT"
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$OUT/small.json"
 
 "$BIN/mock-upstream" --listen "$MOCK" --no-record >"$OUT/mock.log" 2>&1 &

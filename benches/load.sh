@@ -19,6 +19,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source benches/common.sh
 ROOT=$(pwd)
 STORES=${STORES:-"sqlite postgres"}
 RATE=${RATE:-1000}
@@ -73,17 +74,11 @@ BIN=${BIN:-$ROOT/target/release}
 log "building release binaries and the load generator"
 [[ -n "${NO_BUILD:-}" ]] || cargo build --release --bins -q
 cargo bench --bench loadgen --no-run -q 2>/dev/null
-LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="loadgen" and m.get("executable"): print(m["executable"])')
+LOADGEN=$(loadgen_path)
 command -v oha >/dev/null || { log "oha missing: cargo install oha --locked"; exit 1; }
 
 # A config with only the pass-through tenant (the example tenant is left out).
-mkdir -p "$OUT/tenants"
-cp config/tenants/default.yaml "$OUT/tenants/default.yaml"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+bench_config "$OUT"
 
 "$BIN/mock-upstream" --listen "$MOCK_ADDR" --no-record >"$OUT/mock.log" 2>&1 &
 PIDS+=($!)

@@ -11,13 +11,13 @@
 # no build when set), OUT (target/long_session).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 if [[ -z ${BIN:-} ]]; then cargo build --release --bins -q; BIN=target/release; fi
 OUT=${OUT:-target/long_session}
 rm -rf "$OUT"
 mkdir -p "$OUT/tenants"
 OUT=$(cd "$OUT" && pwd)
-cp config/tenants/default.yaml "$OUT/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+bench_config "$OUT"
 "$BIN/mock-upstream" --listen 127.0.0.1:19870 --no-record >"$OUT/mock.log" 2>&1 &
 MOCK_PID=$!
 CTXPROXY_ADMIN_TOKEN=bench CTXPROXY_LISTEN=127.0.0.1:18870 \

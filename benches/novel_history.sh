@@ -10,14 +10,14 @@
 # DB (the proxy's database URL; default a fresh SQLite file in OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 N=${N:-100}
 OUT=${OUT:-target/novel}
 if [[ -z ${BIN:-} ]]; then cargo build --release --bins -q; BIN=target/release; fi
 rm -rf "$OUT"
 mkdir -p "$OUT/tenants"
 OUT=$(cd "$OUT" && pwd)
-cp config/tenants/default.yaml "$OUT/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+bench_config "$OUT"
 "$BIN/mock-upstream" --listen 127.0.0.1:19400 --no-record >"$OUT/mock.log" 2>&1 &
 MOCK_PID=$!
 CTXPROXY_LISTEN=127.0.0.1:18480 CTXPROXY_DATABASE_URL="${DB:-sqlite://$OUT/novel.db?mode=rwc}" \

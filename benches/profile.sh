@@ -16,6 +16,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source benches/common.sh
 CASE=${CASE:-small}
 if [[ $CASE == history* ]]; then RATE=${RATE:-100}; else RATE=${RATE:-1000}; fi
 DUR=${DUR:-10}
@@ -28,13 +29,8 @@ MOCK=127.0.0.1:19100
 PROXY=127.0.0.1:18180
 
 cargo build --release --bins -q
-LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="loadgen" and m.get("executable"): print(m["executable"])')
-cp config/tenants/default.yaml "$OUT/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $OUT/tenants#" config/ctxproxy.yaml >"$OUT/ctxproxy.yaml"
+LOADGEN=$(loadgen_path)
+bench_config "$OUT"
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$OUT/small.json"
 
 "$BIN/mock-upstream" --listen "$MOCK" --no-record >"$OUT/mock.log" 2>&1 &

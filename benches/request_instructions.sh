@@ -16,21 +16,16 @@
 # (`cargo bench --bench loadgen --no-run`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 BIN=$1
 CASE=$2
 mkdir -p target/callgrind
 OUT=${3:-target/callgrind/$CASE.out}
-LOADGEN=$(cargo bench --bench loadgen --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for l in sys.stdin:
-    m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="loadgen" and m.get("executable"): print(m["executable"])')
+LOADGEN=$(loadgen_path)
 DIR=$(mktemp -d)
 MOCK=127.0.0.1:19300
 PROXY=127.0.0.1:18300
-mkdir -p "$DIR/tenants"
-cp config/tenants/default.yaml "$DIR/tenants/"
-sed "s#^tenants_dir:.*#tenants_dir: $DIR/tenants#" config/ctxproxy.yaml >"$DIR/ctxproxy.yaml"
+bench_config "$DIR"
 echo '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}' >"$DIR/small.json"
 echo '{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}' >"$DIR/stream.json"
 
