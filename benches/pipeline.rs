@@ -5,9 +5,9 @@
 //! - `warm`: every message already counted (the same request again).
 //! - `turn_N`: turn N+1 of a conversation whose first N messages were counted on earlier turns;
 //!   only the new message is tokenised. Compares N = 50 and N = 500, twice: `next_turn_warm`
-//!   with [`plan`] and [`Plan::take_from`] (the kept messages are moved out of the caller's
-//!   conversation, so nothing per message of history is allocated), and `next_turn_run` with
-//!   [`run`] (the kept messages are cloned).
+//!   with [`plan`] and [`Plan::over`] (the request is written from the caller's conversation
+//!   where it is, as the proxy does: nothing per message of history is moved or allocated),
+//!   and `next_turn_run` with [`run`] (the kept messages are cloned).
 //!
 //! The conversation each routine is given is built, and dropped, outside the timed part
 //! (`iter_batched_ref`): dropping the caller's conversation is not the pipeline's cost.
@@ -15,7 +15,7 @@
 use criterion::{BatchSize, Criterion, black_box, criterion_group, criterion_main};
 use ctxproxy::context::{PipelineInput, Plan, Policy, plan, run};
 use ctxproxy::conversation::{Message, MessageId, chain_ids, message_id};
-use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
+use ctxproxy::tokens::{Encoding, ModelTable, Spellings, TokenCounter};
 use serde_json::json;
 
 mod workload;
@@ -65,12 +65,13 @@ fn bench(c: &mut Criterion) {
             let prefix: &'static [Message] =
                 Box::leak(messages[..n - 1].to_vec().into_boxed_slice());
             let prefix_ids = ids[..n - 1].to_vec();
+            // Made with the ids, as the proxy makes both in its pass over the received messages
+            // (`Call::take_conversation`).
+            let prefix_spellings = Spellings::of(prefix);
             let counter = TokenCounter::new();
-            run(
-                input(prefix, Box::leak(prefix_ids.clone().into_boxed_slice())),
-                &counter,
-            )
-            .unwrap();
+            let mut first = input(prefix, Box::leak(prefix_ids.clone().into_boxed_slice()));
+            first.spellings = Some(&prefix_spellings);
+            run(first, &counter).unwrap();
             let mut k = 0u64;
             g.bench_function(format!("turn_{n}"), |b| {
                 b.iter_batched_ref(
@@ -82,16 +83,20 @@ fn bench(c: &mut Criterion) {
                         m.push(serde_json::from_value(q.clone()).unwrap());
                         let mut i = prefix_ids.clone();
                         i.push(message_id(prefix_ids.last(), &q));
-                        (m, i)
+                        let mut s = prefix_spellings.clone();
+                        s.push(m.last().unwrap());
+                        (m, i, s)
                     },
-                    |(m, i)| {
+                    |(m, i, s)| {
                         let mut inp = PipelineInput::new(m.as_slice(), &policy, facts);
                         inp.ids = Some(i.as_slice());
+                        inp.spellings = Some(s);
+                        // Either way dropped outside the timed part, as the conversation is.
                         if take {
                             let p: Plan = plan(inp, &counter).unwrap();
-                            black_box(p.take_from(m))
+                            (Some(black_box(p.over(std::mem::take(m)))), None)
                         } else {
-                            black_box(run(inp, &counter).unwrap())
+                            (None, Some(black_box(run(inp, &counter).unwrap())))
                         }
                     },
                     BatchSize::SmallInput,

@@ -59,10 +59,11 @@ fn main() {
         );
         black_box(append);
         let t4 = Instant::now();
-        let mut typed = taken.typed.expect("chat is typed");
-        let mut input = PipelineInput::new(&typed, &policy, facts);
+        let typed = taken.typed.expect("chat is typed");
+        let mut input = PipelineInput::new(&typed.messages, &policy, facts);
         input.ids = Some(&assembled.ids);
-        let rewritten = plan(input, &counter).expect("plan").take_from(&mut typed);
+        input.spellings = Some(&typed.spellings);
+        let rewritten = plan(input, &counter).expect("plan").over(typed.messages);
         let t5 = Instant::now();
         call.put_chat_messages(rewritten.messages);
         black_box(call.to_body().expect("encode"));

@@ -5,18 +5,19 @@
 //! ```text
 //! cargo build --release --example turn_cost
 //! valgrind --tool=callgrind --toggle-collect='ctxproxy::context::plan*' \
-//!   --toggle-collect='*Plan::take_from*' target/release/examples/turn_cost 500 {10,20}
+//!   --toggle-collect='*Plan::over*' target/release/examples/turn_cost 500 {10,20}
 //! ```
 //!
 //! (turns 10 and 20, so that one-off costs of the first turns cancel out of the difference).
 //!
 //! The warm-up turn is run over the whole conversation and remembers its settled start (see
 //! `context::settled`); each measured turn goes on from there, as turn N+1 of a conversation
-//! does after turn N.
+//! does after turn N. Each turn's ids and spellings are made outside the count, as the proxy
+//! makes them in its pass over the received messages (`Call::take_conversation`, `chain_ids`).
 
 use ctxproxy::context::{PipelineInput, plan, run};
 use ctxproxy::conversation::{Message, chain_ids, message_id};
-use ctxproxy::tokens::{Encoding, ModelTable, TokenCounter};
+use ctxproxy::tokens::{Encoding, ModelTable, Spellings, TokenCounter};
 use serde_json::json;
 use std::hint::black_box;
 
@@ -40,6 +41,8 @@ fn main() {
         .map(|m| serde_json::from_value(m.clone()).expect("bench message"))
         .collect();
     let prefix_ids = chain_ids(&values[..n - 1]);
+    // Made with the ids, as the proxy makes both in its one pass over the received messages.
+    let prefix_spellings = Spellings::of(&prefix);
     let mut policy = workload::policy();
     if let Some(max) = budget {
         policy.token_budget = Some(ctxproxy::context::policy::TokenBudget {
@@ -53,6 +56,7 @@ fn main() {
     let counter = TokenCounter::new();
     let mut warm = PipelineInput::new(&prefix, &policy, facts);
     warm.ids = Some(&prefix_ids);
+    warm.spellings = Some(&prefix_spellings);
     run(warm, &counter).expect("warm-up turn");
 
     for k in 0..turns {
@@ -62,9 +66,13 @@ fn main() {
         messages.push(serde_json::from_value(q.clone()).expect("question"));
         let mut ids = prefix_ids.clone();
         ids.push(message_id(prefix_ids.last(), &q));
+        let mut spellings = prefix_spellings.clone();
+        spellings.push(messages.last().expect("the question"));
         let mut input = PipelineInput::new(&messages, &policy, facts);
         input.ids = Some(&ids);
+        input.spellings = Some(&spellings);
         let p = plan(input, &counter).expect("turn");
-        black_box(p.take_from(&mut messages));
+        // The request is written from the caller's messages where they are.
+        black_box(p.over(messages));
     }
 }

@@ -6,7 +6,7 @@
 mod items_support;
 mod support;
 
-use ctxproxy::context::{PipelineInput, Policy, run};
+use ctxproxy::context::{PipelineInput, Policy, plan, run};
 use ctxproxy::conversation::responses_items::to_items;
 use ctxproxy::conversation::{ItemMessages, Message, Role};
 use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
@@ -125,6 +125,19 @@ proptest! {
         let facts = model(o200k);
         let out = run(PipelineInput::new(&msgs, &policy, facts), &counter).unwrap();
 
+        // the request written from the conversation where it is sends what the list holds
+        let planned = plan(PipelineInput::new(&msgs, &policy, facts), &counter).unwrap();
+        prop_assert_eq!(planned.len(), out.messages.len());
+        let in_place = planned.over(msgs.clone());
+        prop_assert_eq!(in_place.messages.len(), out.messages.len());
+        prop_assert!(in_place.messages.iter().eq(&out.messages));
+        prop_assert_eq!(
+            serde_json::to_string(&in_place.messages).unwrap(),
+            serde_json::to_string(&out.messages).unwrap()
+        );
+        prop_assert_eq!(&in_place.report, &out.report);
+        prop_assert_eq!(in_place.messages.into_vec(), out.messages.clone());
+
         // the repair invariant
         if let Err(e) = check_valid(&out.messages) {
             return Err(TestCaseError::fail(format!("{e}\nin: {msgs:?}\nout: {:?}", out.messages)));
@@ -207,7 +220,12 @@ proptest! {
         let send = |items: &[Value]| {
             let conv = ItemMessages::new(None, items);
             let out = run(conv.pipeline_input(&policy, facts), &counter).unwrap();
-            (to_items(&out.messages), out.messages)
+            // the items made from the messages read in place are the same
+            let planned = plan(conv.pipeline_input(&policy, facts), &counter).unwrap();
+            let in_place = to_items(planned.messages(&conv.messages));
+            let sent = to_items(&out.messages);
+            assert_eq!(in_place, sent, "items from the plan read in place");
+            (sent, out.messages)
         };
         let (sent, messages) = send(&items);
         let valid = check_valid(&messages).and_then(|()| items_support::check_reasoning(&sent));

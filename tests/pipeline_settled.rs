@@ -7,7 +7,7 @@ mod support;
 
 use ctxproxy::context::{PipelineInput, Policy, Rewritten, ToolAccess, begin};
 use ctxproxy::conversation::{Message, chain_ids};
-use ctxproxy::tokens::{Encoding, ModelFacts, TokenCounter};
+use ctxproxy::tokens::{Encoding, ModelFacts, Spellings, TokenCounter};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -70,7 +70,8 @@ fn policy() -> impl Strategy<Value = Policy> {
 }
 
 /// One run of the pipeline the way the proxy runs it (`begin`, then `finish` with no summary),
-/// as its output or its error's text and report.
+/// as its output or its error's text and report; with `spelled`, given the messages'
+/// spellings as a chat request gives them (made with the ids), else making them itself.
 fn run(
     messages: &[Message],
     ids: &[ctxproxy::conversation::MessageId],
@@ -78,14 +79,27 @@ fn run(
     model: ModelFacts,
     access: Option<&ToolAccess>,
     counter: &TokenCounter,
+    spelled: bool,
 ) -> Result<Rewritten, String> {
+    let spellings = spelled.then(|| spelled_one_by_one(messages));
     let mut input = PipelineInput::new(messages, policy, model);
     input.ids = Some(ids);
+    input.spellings = spellings.as_ref();
     input.tool_access = access;
     begin(input, counter)
         .and_then(|early| early.finish(None))
         .map(|plan| plan.cloned_from(messages))
         .map_err(|e| format!("{e:?}"))
+}
+
+/// The spellings of `messages` made one at a time, as `Call::take_conversation` makes them.
+fn spelled_one_by_one(messages: &[Message]) -> Spellings {
+    let mut spellings = Spellings::with_capacity(messages.len());
+    for m in messages {
+        spellings.push(m);
+    }
+    assert_eq!(spellings.chained, Spellings::of(messages).chained);
+    spellings
 }
 
 proptest! {
@@ -98,6 +112,7 @@ proptest! {
         scrub in prop::option::of(0..3usize),
         window in prop_oneof![Just(1_000_000u64), 200..5000u64],
         step in 1..4usize,
+        spelled in any::<bool>(),
     ) {
         let messages: Vec<Message> =
             values.iter().map(|v| serde_json::from_value(v.clone()).unwrap()).collect();
@@ -111,8 +126,10 @@ proptest! {
         let shared = TokenCounter::new();
         for len in (1..=messages.len()).step_by(step) {
             let turn = &messages[..len];
-            let remembered = run(turn, &ids[..len], &policy, model, access.as_ref(), &shared);
-            let whole = run(turn, &ids[..len], &policy, model, access.as_ref(), &TokenCounter::new());
+            let ids = &ids[..len];
+            let remembered = run(turn, ids, &policy, model, access.as_ref(), &shared, spelled);
+            let fresh = TokenCounter::new();
+            let whole = run(turn, ids, &policy, model, access.as_ref(), &fresh, false);
             prop_assert_eq!(remembered, whole, "turn of {} messages", len);
         }
     }
@@ -162,6 +179,7 @@ proptest! {
         policy in policy(),
         reforms in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
         every in 2..5usize,
+        spelled in any::<bool>(),
     ) {
         let model = ModelFacts { context_window: 1_000_000, encoding: Encoding::Approximate };
         let shared = TokenCounter::new();
@@ -180,8 +198,8 @@ proptest! {
                 .map(|v| serde_json::from_value(v.clone()).unwrap())
                 .collect();
             let ids = chain_ids(turn_values);
-            let remembered = run(&messages, &ids, &policy, model, None, &shared);
-            let whole = run(&messages, &ids, &policy, model, None, &TokenCounter::new());
+            let remembered = run(&messages, &ids, &policy, model, None, &shared, spelled);
+            let whole = run(&messages, &ids, &policy, model, None, &TokenCounter::new(), false);
             prop_assert_eq!(remembered, whole, "turn of {} messages", len);
         }
     }
@@ -224,14 +242,17 @@ fn a_long_agent_conversation_goes_on_from_its_settled_start() {
         for len in (5..=messages.len()).step_by(4).map(|l| l + 1) {
             let turn = &messages[..len.min(messages.len())];
             let turn_ids = &ids[..turn.len()];
+            let spellings = spelled_one_by_one(turn);
             let mut input = PipelineInput::new(turn, &policy, model);
             input.ids = Some(turn_ids);
+            input.spellings = Some(&spellings);
             let early = begin(input, &shared).unwrap();
             if early.resumed_from().is_some() {
                 resumed += 1;
             }
             let remembered = early.finish(None).unwrap().cloned_from(turn);
-            let whole = run(turn, turn_ids, &policy, model, None, &TokenCounter::new()).unwrap();
+            let fresh = TokenCounter::new();
+            let whole = run(turn, turn_ids, &policy, model, None, &fresh, false).unwrap();
             assert_eq!(remembered, whole, "turn of {} messages", turn.len());
             budget_removed = remembered
                 .report

@@ -44,9 +44,10 @@ use std::ops::Range;
 
 use serde_json::Value;
 
+use crate::conversation::messages::{self, Messages, Part};
 use crate::conversation::{Message, MessageId, Role};
 use crate::error::{Error, Result};
-use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, TokenCounter};
+use crate::tokens::{ModelFacts, REQUEST_OVERHEAD, Spellings, TokenCounter};
 
 pub use policy::Policy;
 pub use report::{
@@ -79,6 +80,11 @@ pub struct PipelineInput<'a> {
     /// to them. With ids, unchanged messages are counted from the cache; without, every message
     /// is tokenised.
     pub ids: Option<&'a [MessageId]>,
+    /// The spellings of `messages` ([`Spellings`]), parallel to them: what the ids leave out
+    /// but the count and the rewrite depend on. Made where the ids are, by a caller that reads
+    /// every message anyway; without them (or with ones not parallel to `messages`), the
+    /// pipeline makes them itself when it goes on from an earlier turn's settled start.
+    pub spellings: Option<&'a Spellings>,
     /// The request's `tools` array as sent upstream (counted into the request's tokens).
     pub tools: Option<&'a Value>,
     /// The `tools` array as the client sent it, when the role's cut changed it: `tokens_in`
@@ -112,6 +118,7 @@ impl<'a> PipelineInput<'a> {
         PipelineInput {
             messages,
             ids: None,
+            spellings: None,
             tools: None,
             client_tools: None,
             functions: None,
@@ -127,9 +134,10 @@ impl<'a> PipelineInput<'a> {
 
 /// The rewritten conversation and what was done to it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Rewritten {
-    /// The messages to send upstream. Messages no step changed are clones of the input.
-    pub messages: Vec<Message>,
+pub struct Rewritten<M = Vec<Message>> {
+    /// The messages to send upstream: a list of them (messages no step changed are clones of
+    /// the input, or moved out of it), or [`Messages`] read in place from the input.
+    pub messages: M,
     pub report: Report,
     /// Changes to single calls, which the report names by their message only.
     pub calls: Vec<CallChange>,
@@ -137,8 +145,9 @@ pub struct Rewritten {
 
 /// The outcome of a run before it is turned into messages: which messages of the input go out
 /// unchanged (by position) and which the pipeline changed or made. A caller that owns the
-/// conversation can then move the kept messages out ([`Plan::take_from`]) instead of cloning
-/// them, so a turn costs no allocation per message of history.
+/// conversation sends it read in place ([`Plan::over`]) instead of a list of clones, so a turn
+/// costs nothing per message of history kept; one that borrows it reads the messages in place
+/// ([`Plan::messages`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     parts: Vec<Part>,
@@ -147,79 +156,45 @@ pub struct Plan {
     pub calls: Vec<CallChange>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Part {
-    /// The input messages at these positions, as given (a run, so that a long unchanged stretch
-    /// is one part and moves as one).
-    Unchanged(Range<usize>),
-    /// A message a step changed or made (boxed, so that a part stays small whatever it holds).
-    Changed(Box<Message>),
-}
-
 impl Plan {
+    /// The messages to send, read in place from `given` (the conversation the plan was made
+    /// from).
+    pub fn messages<'m>(&'m self, given: &'m [Message]) -> impl Iterator<Item = &'m Message> {
+        messages::read(&self.parts, given)
+    }
+
+    /// How many messages are sent.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(Part::len).sum()
+    }
+
+    /// Whether nothing is left to send.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rewritten conversation over `given` (the conversation the plan was made from),
+    /// read in place: no kept message is moved or copied.
+    pub fn over(self, given: Vec<Message>) -> Rewritten<Messages> {
+        Rewritten {
+            messages: Messages::rewritten(given, self.parts),
+            report: self.report,
+            calls: self.calls,
+        }
+    }
+
     /// The rewritten conversation, cloning the unchanged messages from `messages` (the
     /// conversation the plan was made from).
     pub fn cloned_from(self, messages: &[Message]) -> Rewritten {
-        self.assemble(|out, run| out.extend_from_slice(messages.get(run).unwrap_or_default()))
-    }
-
-    /// The rewritten conversation, moving the unchanged messages out of `messages` (the
-    /// conversation the plan was made from), which is left holding the messages the rewrite
-    /// did not send, in their order.
-    pub fn take_from(self, messages: &mut Vec<Message>) -> Rewritten {
-        let in_order = self
-            .parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Unchanged(run) => Some(run),
-                Part::Changed(_) => None,
-            })
-            .try_fold(0, |at, run| (run.start >= at).then_some(run.end))
-            .is_some_and(|end| end <= messages.len());
-        if !in_order {
-            // Repair moved a result before an earlier message: take each run where it is.
-            let mut slots: Vec<Option<Message>> =
-                std::mem::take(messages).into_iter().map(Some).collect();
-            let rewritten = self.assemble(|out, run| {
-                let taken = slots.get_mut(run).unwrap_or_default().iter_mut();
-                out.extend(taken.filter_map(Option::take));
-            });
-            messages.extend(slots.into_iter().flatten());
-            return rewritten;
-        }
-        // The usual case: one pass, each message moved once, into the output or back.
-        let mut given = std::mem::take(messages).into_iter();
-        let mut at = 0;
-        let rewritten = self.assemble(|out, run| {
-            messages.extend(given.by_ref().take(run.start - at));
-            out.extend(given.by_ref().take(run.len()));
-            at = run.end;
-        });
-        messages.extend(given);
-        rewritten
-    }
-
-    /// The messages of the plan in order, `unchanged(out, run)` appending the input's messages
-    /// in `run`.
-    fn assemble(self, mut unchanged: impl FnMut(&mut Vec<Message>, Range<usize>)) -> Rewritten {
-        // Sized once: growing a vector of messages would copy them all again at each doubling.
-        let len = self
-            .parts
-            .iter()
-            .map(|part| match part {
-                Part::Unchanged(run) => run.len(),
-                Part::Changed(_) => 1,
-            })
-            .sum();
-        let mut messages = Vec::with_capacity(len);
+        let mut sent = Vec::with_capacity(self.len());
         for part in self.parts {
             match part {
-                Part::Unchanged(run) => unchanged(&mut messages, run),
-                Part::Changed(m) => messages.push(*m),
+                Part::Kept(run) => sent.extend_from_slice(messages.get(run).unwrap_or_default()),
+                Part::Made(m) => sent.push(*m),
             }
         }
         Rewritten {
-            messages,
+            messages: sent,
             report: self.report,
             calls: self.calls,
         }
@@ -249,7 +224,7 @@ pub struct Early<'a> {
     counter: &'a TokenCounter,
     tools_tokens: u64,
     /// For remembering the conversation's settled start (and going on from an earlier one).
-    memory: Option<Memory>,
+    memory: Option<Memory<'a>>,
     /// What a settled start is chosen from (with `memory` only).
     seen: Option<Seen>,
 }
@@ -295,7 +270,7 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
 fn begin_at<'a>(
     input: PipelineInput<'a>,
     counter: &'a TokenCounter,
-    memory: Option<Memory>,
+    memory: Option<Memory<'a>>,
 ) -> Result<Early<'a>> {
     let encoding = input.model.encoding;
     let resumed = memory.as_ref().and_then(|m| m.resumed.clone());
@@ -306,15 +281,18 @@ fn begin_at<'a>(
     let tools_tokens = json_tokens(input.tools) + json_tokens(input.functions);
     let history_end = current_turn_start(input.messages);
     // One batch: one cache lock for all the messages run over, new text tokenised together.
-    let counts = match &memory {
-        Some(m) => counter.messages_spelled(
+    let spellings = match &memory {
+        Some(m) => Some(&*m.spellings),
+        None => input.spellings.filter(|s| s.len() == input.messages.len()),
+    };
+    let counts = match spellings {
+        Some(s) => counter.messages_spelled(
             encoding,
             given,
             start,
-            input.ids.map(|ids| {
-                let s = &m.spellings;
-                (&ids[start..], &s.each[start..], &s.chained[start..])
-            }),
+            input
+                .ids
+                .map(|ids| (&ids[start..], &s.each[start..], &s.chained[start..])),
         ),
         None => counter.messages(encoding, given, input.ids),
     };
@@ -652,11 +630,11 @@ impl Plan {
     fn put_in_front<'s>(&mut self, front: impl Iterator<Item = &'s Range<usize>>) {
         let mut parts: Vec<Part> = Vec::with_capacity(front.size_hint().0 + self.parts.len());
         let rest = std::mem::take(&mut self.parts);
-        let front = front.map(|run| Part::Unchanged(run.clone()));
+        let front = front.map(|run| Part::Kept(run.clone()));
         for part in front.chain(rest) {
             match (parts.last_mut(), part) {
                 // One run across a join, as a run over the whole would have it.
-                (Some(Part::Unchanged(last)), Part::Unchanged(run)) if run.start == last.end => {
+                (Some(Part::Kept(last)), Part::Kept(run)) if run.start == last.end => {
                     last.end = run.end
                 }
                 (_, part) => parts.push(part),
@@ -673,11 +651,11 @@ impl Work<'_> {
         for item in self.items {
             match (item.msg, item.index) {
                 (Msg::Borrowed(_), Some(p)) => match parts.last_mut() {
-                    Some(Part::Unchanged(run)) if run.end == p => run.end += 1,
-                    _ => parts.push(Part::Unchanged(p..p + 1)),
+                    Some(Part::Kept(run)) if run.end == p => run.end += 1,
+                    _ => parts.push(Part::Kept(p..p + 1)),
                 },
-                (Msg::Borrowed(m), None) => parts.push(Part::Changed(Box::new(m.clone()))),
-                (Msg::Owned(m), _) => parts.push(Part::Changed(m)),
+                (Msg::Borrowed(m), None) => parts.push(Part::Made(Box::new(m.clone()))),
+                (Msg::Owned(m), _) => parts.push(Part::Made(m)),
             }
         }
         Plan {

@@ -31,6 +31,7 @@
 //! ids, as the token counter finds a conversation's counts. A start holds no message, only
 //! positions into the conversation each turn sends, so nothing of one request reaches another.
 
+use std::borrow::Cow;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::ops::Range;
 use std::sync::Arc;
@@ -191,21 +192,22 @@ impl Settled {
 
 /// What a run needs to find and remember settled starts.
 #[derive(Debug)]
-pub(crate) struct Memory {
+pub(crate) struct Memory<'a> {
     /// Key variant of this conversation's last message: its spelling chain and a hash of
     /// everything else the outcome depends on.
     variant: u64,
     /// The earlier turn's start this run goes on from, if found.
     pub resumed: Option<Arc<Settled>>,
-    /// The spellings of the conversation's messages (for the token counter too).
-    pub spellings: Spellings,
+    /// The spellings of the conversation's messages (for the token counter too): the
+    /// caller's, or made here.
+    pub spellings: Cow<'a, Spellings>,
 }
 
-impl Memory {
+impl<'a> Memory<'a> {
     /// The memory of a run over `input`, with the settled start of an earlier turn when one is
     /// remembered; `None` when the input cannot have one (no ids, too short, a summary policy,
     /// a budget with placeholders).
-    pub fn of(input: &PipelineInput<'_>, counter: &TokenCounter) -> Option<Memory> {
+    pub fn of(input: &PipelineInput<'a>, counter: &TokenCounter) -> Option<Memory<'a>> {
         let ids = input.ids?;
         let policy = input.policy;
         let placeholders = policy.repair().unanswered_calls != super::policy::UnansweredCalls::Drop;
@@ -218,7 +220,10 @@ impl Memory {
             return None;
         }
         let fingerprint = fingerprint(input);
-        let spellings = Spellings::of(input.messages);
+        let spellings = match input.spellings {
+            Some(given) if given.len() == ids.len() => Cow::Borrowed(given),
+            _ => Cow::Owned(Spellings::of(input.messages)),
+        };
         let chain = &spellings.chained;
         let encoding = input.model.encoding;
         let n = ids.len();
@@ -236,7 +241,7 @@ impl Memory {
     }
 
     /// This memory without the earlier start (the run goes over the whole conversation).
-    pub fn whole(self) -> Memory {
+    pub fn whole(self) -> Memory<'a> {
         Memory {
             resumed: None,
             ..self

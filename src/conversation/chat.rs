@@ -3,13 +3,14 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::Message;
+use super::Messages;
 
 /// A chat completions request. Unknown fields are forwarded untouched.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
-    pub messages: Vec<Message>,
+    /// As received, then as rewritten (read in place from the received ones).
+    pub messages: Messages,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

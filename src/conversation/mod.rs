@@ -6,11 +6,13 @@ pub mod chat;
 pub mod dumps;
 pub mod identity;
 pub mod message;
+pub mod messages;
 pub mod responses;
 pub mod responses_items;
 
 pub use chat::ChatRequest;
 pub use identity::{MessageId, chain_ids, message_id};
 pub use message::{CustomCall, FunctionCall, ITEM_ROLE_PREFIX, Message, Role, ToolCall};
+pub use messages::Messages;
 pub use responses::ResponsesRequest;
 pub use responses_items::ItemMessages;

@@ -7,15 +7,23 @@ use serde_json::{Map, Value};
 use super::body::parse_json;
 use super::managed::Endpoint;
 use super::shape;
-use crate::conversation::{ChatRequest, Message, ResponsesRequest};
+use crate::conversation::{ChatRequest, Message, Messages, ResponsesRequest};
 use crate::error::{Error, Result};
+use crate::tokens::Spellings;
 
 /// A request's conversation, taken out of it.
 pub struct Taken {
     /// As wire JSON: what is hashed and stored.
     pub wire: Vec<Value>,
     /// Chat only: the same messages, typed.
-    pub typed: Option<Vec<Message>>,
+    pub typed: Option<Typed>,
+}
+
+/// A chat request's messages as received, typed, with their spellings (see
+/// [`Spellings`]), made in the pass that makes their wire JSON.
+pub struct Typed {
+    pub messages: Vec<Message>,
+    pub spellings: Spellings,
 }
 
 /// A parsed managed request.
@@ -195,17 +203,22 @@ impl Call {
     pub fn take_conversation(&mut self) -> Result<Taken> {
         match self {
             Call::Chat(r) => {
-                let typed = std::mem::take(&mut r.messages);
-                let wire = typed
+                let messages = std::mem::take(&mut r.messages).into_vec();
+                let mut spellings = Spellings::with_capacity(messages.len());
+                let wire = messages
                     .iter()
                     .map(|m| {
+                        spellings.push(m);
                         serde_json::to_value(m)
                             .map_err(|e| Error::Internal(format!("cannot encode a message: {e}")))
                     })
                     .collect::<Result<_>>()?;
                 Ok(Taken {
                     wire,
-                    typed: Some(typed),
+                    typed: Some(Typed {
+                        messages,
+                        spellings,
+                    }),
                 })
             }
             Call::Responses(r) => Ok(Taken {
@@ -229,7 +242,7 @@ impl Call {
     }
 
     /// Puts the (rewritten) conversation back.
-    pub fn put_chat_messages(&mut self, messages: Vec<Message>) {
+    pub fn put_chat_messages(&mut self, messages: Messages) {
         if let Call::Chat(r) = self {
             r.messages = messages;
         }

@@ -500,7 +500,11 @@ async fn prepare(
         resolve_references(state, tenant, &call, key, wait, &mut incoming).await?;
     }
     check_not_empty(&incoming, typed.is_some(), mode)?;
-    rewrite::check_incoming_turn(&incoming, typed.as_deref(), &cut.allowed)?;
+    rewrite::check_incoming_turn(
+        &incoming,
+        typed.as_ref().map(|t| t.messages.as_slice()),
+        &cut.allowed,
+    )?;
     let previous = match call.previous_response_to_resolve() {
         Some(id) => {
             // A stream still running may hold it (announced): waited for as long as a session

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::http::HeaderMap;
 use serde_json::Value;
 
-use super::call::{Call, chat_messages};
+use super::call::{Call, Typed, chat_messages};
 use crate::access;
 use crate::app::AppState;
 use crate::config::{Config, Selected, Tenant};
@@ -32,9 +32,9 @@ pub struct Conversation<'a> {
     pub session: &'a str,
     /// System + history + new messages, as wire JSON (chat messages or Responses items).
     pub messages: Vec<Value>,
-    /// Chat: the same messages already typed, when the request had them (no stored history
-    /// added); saves parsing the wire JSON back.
-    pub typed: Option<Vec<Message>>,
+    /// Chat: the same messages already typed, with their spellings, when the request had
+    /// them (no stored history added); saves parsing the wire JSON back.
+    pub typed: Option<Typed>,
     /// Ids parallel to `messages` (stored ids where stored), for the token count cache.
     pub ids: &'a [MessageId],
     /// The size of the request's body: a large one is rewritten with its worker handed off
@@ -161,14 +161,18 @@ pub async fn rewrite(
     } = conversation;
     match call {
         Call::Chat(_) => {
-            let mut messages = match typed {
-                Some(typed) => typed,
-                None => crate::cpu::run_heavy(body_bytes, || chat_messages(&wire))?,
+            let (messages, spellings) = match typed {
+                Some(typed) => (typed.messages, Some(typed.spellings)),
+                None => (
+                    crate::cpu::run_heavy(body_bytes, || chat_messages(&wire))?,
+                    None,
+                ),
             };
             check_current_turn(&messages, allowed)?;
             let input = PipelineInput {
                 messages: &messages,
                 ids: Some(ids),
+                spellings: spellings.as_ref(),
                 tools: tools_json.as_ref(),
                 client_tools,
                 functions: functions_json.as_ref(),
@@ -187,8 +191,8 @@ pub async fn rewrite(
                 Purpose::Preview => summarize::stored(state, tenant, session, &early, ids).await,
             };
             let plan = crate::cpu::run_heavy(body_bytes, || finish(early, &mut summary))?;
-            // The messages are ours: the kept ones are moved into the output, not cloned.
-            let mut rewritten = plan.take_from(&mut messages);
+            // The messages are ours: the request is written from them where they are.
+            let mut rewritten = plan.over(messages);
             summary.fix_report(&mut rewritten.report);
             // A refused request rewrote nothing that was sent: checked before the metrics.
             left_to_send(rewritten.messages.len(), "messages")?;
@@ -249,13 +253,14 @@ pub async fn rewrite(
                     tool_access: scrub,
                     ..conv.pipeline_input(&no_policy, facts)
                 };
-                let rewritten = crate::cpu::run_heavy(body_bytes, || {
+                let mut plan = crate::cpu::run_heavy(body_bytes, || {
                     context::begin(input, &state.tokens)
                         .and_then(context::Early::finish_without_history)
-                })?
-                .cloned_from(&conv.messages);
-                let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
-                let items = responses_items::items_to_send(&wire, &rewritten.messages, &mut report);
+                })?;
+                let report = std::mem::take(&mut plan.report);
+                let mut report = conv.report_in_items(report, &plan.calls);
+                let sent = plan.messages(&conv.messages);
+                let items = responses_items::items_to_send(&wire, sent, &mut report);
                 call.put_items(items);
                 if purpose == Purpose::Live {
                     count_rewrites(&report);
@@ -286,10 +291,11 @@ pub async fn rewrite(
                 }
                 (None, _) => summarize::Prepared::default(),
             };
-            let rewritten = crate::cpu::run_heavy(body_bytes, || finish(early, &mut summary))?
-                .cloned_from(&conv.messages);
-            let mut report = conv.report_in_items(rewritten.report, &rewritten.calls);
-            let items = responses_items::items_to_send(&wire, &rewritten.messages, &mut report);
+            let mut plan = crate::cpu::run_heavy(body_bytes, || finish(early, &mut summary))?;
+            let report = std::mem::take(&mut plan.report);
+            let mut report = conv.report_in_items(report, &plan.calls);
+            let sent = plan.messages(&conv.messages);
+            let items = responses_items::items_to_send(&wire, sent, &mut report);
             if !call.continues_elsewhere() {
                 left_to_send(items.len(), "input")?;
             }

@@ -544,6 +544,32 @@ impl Spellings {
         let chained = chain_spellings(&each);
         Spellings { each, chained }
     }
+
+    /// Room for `n` messages' spellings.
+    pub fn with_capacity(n: usize) -> Spellings {
+        Spellings {
+            each: Vec::with_capacity(n),
+            chained: Vec::with_capacity(n),
+        }
+    }
+
+    /// Adds the spelling of the message after the last: for a caller that reads each message
+    /// anyway (to make its wire JSON and id), so that the spellings come with the ids.
+    pub fn push(&mut self, m: &Message) {
+        let s = spelling(m);
+        let before = self.chained.last().copied().unwrap_or(0);
+        self.chained.push(chain_step(before, self.each.len(), s));
+        self.each.push(s);
+    }
+
+    /// How many messages' spellings this holds.
+    pub fn len(&self) -> usize {
+        self.each.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.each.is_empty()
+    }
 }
 
 /// `spellings` chained, so that the value at `p` fixes the spellings of every message up to
@@ -557,12 +583,20 @@ fn chain_spellings(spellings: &[u64]) -> Vec<u64> {
         .iter()
         .enumerate()
         .map(|(p, &s)| {
-            if s != 0 {
-                acc = SPELLING_SEED.hash_one((acc, p, s));
-            }
+            acc = chain_step(acc, p, s);
             acc
         })
         .collect()
+}
+
+/// The chained value at `p`, from the one before it and the spelling `s` of message `p`.
+#[inline]
+fn chain_step(before: u64, p: usize, s: u64) -> u64 {
+    if s == 0 {
+        before
+    } else {
+        SPELLING_SEED.hash_one((before, p, s))
+    }
 }
 
 /// Tokens of a `content` value: the text of its text parts, plus a flat cost per other part.

@@ -16,8 +16,9 @@ use super::{CALL_ITEM_KEY, INSTRUCTIONS_KEY, Kind, ORIGINAL_KEY, kind};
 use crate::conversation::{Message, Role};
 
 /// The items to send for the (rewritten) `messages`; the instructions message is left out.
-pub fn to_items(messages: &[Message]) -> Vec<Value> {
-    let mut out = Vec::with_capacity(messages.len());
+pub fn to_items<'m>(messages: impl IntoIterator<Item = &'m Message>) -> Vec<Value> {
+    let messages = messages.into_iter();
+    let mut out = Vec::with_capacity(messages.size_hint().0);
     // The call ids of custom tools' calls, for the results made for them.
     let mut custom_calls: HashSet<&str> = HashSet::new();
     for m in messages {

@@ -432,7 +432,11 @@ fn with_originals(mut m: Message, items: &[Value]) -> Message {
 /// [`ItemMessages::report_in_items`]) told so: a reasoning item put back is not removed. Its
 /// tokens are those of the item it leads, as the pipeline counts a reasoning item that leads
 /// one (nothing of its own).
-pub fn items_to_send(input: &[Value], messages: &[Message], report: &mut Report) -> Vec<Value> {
+pub fn items_to_send<'m>(
+    input: &[Value],
+    messages: impl IntoIterator<Item = &'m Message>,
+    report: &mut Report,
+) -> Vec<Value> {
     let mut items = to_items(messages);
     let restored = keep_reasoning_of_sent_items(input, &mut items);
     if !restored.is_empty() {
