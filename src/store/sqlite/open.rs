@@ -155,6 +155,12 @@ impl Target {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "cache_size", -cache_kib)?;
+        // Temporary files in memory: every job of the writer's batch runs in a savepoint, whose
+        // sub-journal SQLite spills to a new file in the temp directory once it passes 64 KiB
+        // (a batch of several turns). Under load that was one file created, written and
+        // unlinked for every few requests, each a metadata change the file system journals.
+        // A sub-journal holds at most the pages of one batch: a few MB.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(conn)
     }
@@ -176,5 +182,27 @@ mod tests {
         assert!(Target::parse("sqlite://a.db?mode=ro").unwrap().read_only);
         assert!(Target::parse("sqlite://a.db?mode=nope").is_err());
         assert!(Target::parse("sqlite://a.db?what=1").is_err());
+    }
+
+    /// Every connection keeps its temporary files (the savepoints' sub-journals of a batch) in
+    /// memory, so that no write creates a file in the temp directory.
+    #[test]
+    fn connections_keep_temporary_files_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db?mode=rwc", dir.path().display());
+        let target = Target::parse(&url).unwrap();
+        let writer = target.open_writer().unwrap();
+        let reader = target.open_reader().unwrap();
+        let checkpointer = target.open_checkpointer().unwrap();
+        for conn in [&writer, &reader, &checkpointer] {
+            let store: i64 = conn
+                .query_row("PRAGMA temp_store", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(store, 2, "MEMORY");
+        }
+        let mode: String = writer
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
     }
 }
