@@ -227,6 +227,7 @@ impl Server {
                 .map_err(|e| Error::Config(format!("server.listen: invalid address: {e}")))?,
         };
         let grace = Duration::from_secs(config.server.server.shutdown_grace_s);
+        warm_up_tokenizer();
         let store = open_store(&config).await?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -309,6 +310,20 @@ impl Server {
             tracing::warn!("requests still in flight after they were ended; dropping them");
         }
         Ok(())
+    }
+}
+
+/// Builds o200k_base's tokenizer (~20 ms) on a thread of its own, beside the store's opening:
+/// otherwise the first request for a current OpenAI model builds it, and every request queued
+/// behind that one on its worker waits too. cl100k_base (older models) is built on first use,
+/// so that a deployment that never sees one does not hold it.
+fn warm_up_tokenizer() {
+    let spawned = std::thread::Builder::new()
+        .name("ctxproxy-warm-up".into())
+        .spawn(|| crate::tokens::Encoding::O200kBase.warm_up());
+    if let Err(e) = spawned {
+        // Only a start a little slower for the first request: said, not fatal.
+        tracing::warn!(error = %e, "cannot start the tokenizer warm-up thread; built on first use");
     }
 }
 
