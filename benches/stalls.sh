@@ -8,9 +8,12 @@
 #
 #   benches/stalls.sh /tmp/bin_old target/release
 #   ROUNDS=3 ARGS= benches/stalls.sh DIR...        # small requests instead of streams
+#   PRELOAD=50 RATE=200 ARGS="--history 200 --users 100" benches/stalls.sh DIR...
 #
 # Each DIR holds `ctxproxy`. Knobs: ROUNDS (5), RUNS (4), RATE (1000), DUR (10), ARGS
-# (loadgen options, default --stream), OUT (target/stalls). Needs perf.
+# (loadgen options, default --stream), PRELOAD (0: seconds of small requests at 2,000/s sent
+# first, unmeasured, so that the runs meet a database of that many turns), OUT
+# (target/stalls). Needs perf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/common.sh
@@ -35,6 +38,9 @@ for round in $(seq "${ROUNDS:-5}"); do
       "$BIN/ctxproxy" serve --config "$OUT/ctxproxy.yaml" >"$OUT/proxy.log" 2>&1 &
     PID=$!
     for _ in $(seq 200); do curl -fs -o /dev/null http://127.0.0.1:18870/readyz && break; sleep 0.05; done
+    if [[ ${PRELOAD:-0} -gt 0 ]]; then
+      "$LOADGEN" run http://127.0.0.1:18870/v1 --rate 2000 --duration "$PRELOAD" >/dev/null
+    fi
     for run in $(seq "${RUNS:-4}"); do
       perf stat -e "$EVENTS" -p "$PID" -o "$OUT/perf.txt" &
       PERF_PID=$!
