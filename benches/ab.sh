@@ -11,15 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/common.sh
 [[ $# -gt 0 ]] || { echo "usage: benches/ab.sh BIN_DIR..." >&2; exit 2; }
-cargo build --release --bin mock-upstream -q
 LOADGEN=$(loadgen_path)
-OUT=${OUT:-target/ab}
-rm -rf "$OUT"
-mkdir -p "$OUT/tenants"
-OUT=$(cd "$OUT" && pwd)
-bench_config "$OUT"
-target/release/mock-upstream --listen 127.0.0.1:19860 --no-record >"$OUT/mock.log" 2>&1 &
-MOCK_PID=$!
+OUT=$(fresh_bench_dir "${OUT:-target/ab}")
+start_mock 127.0.0.1:19860 "$OUT"
 PID=
 trap 'kill $MOCK_PID $PID 2>/dev/null || true' EXIT
 for BIN in "$@"; do

@@ -16,3 +16,22 @@ bench_config() {
   cp config/tenants/default.yaml "$1/tenants/"
   sed "s#^tenants_dir:.*#tenants_dir: $1/tenants#" config/ctxproxy.yaml >"$1/ctxproxy.yaml"
 }
+
+# fresh_bench_dir DIR: DIR emptied and holding the bench config (see bench_config); prints its
+# absolute path.
+fresh_bench_dir() {
+  rm -rf "$1"
+  mkdir -p "$1"
+  local dir
+  dir=$(cd "$1" && pwd)
+  bench_config "$dir"
+  echo "$dir"
+}
+
+# start_mock ADDR DIR: mock-upstream (release, built if needed) on ADDR in the background,
+# logging to DIR/mock.log; its pid in MOCK_PID.
+start_mock() {
+  cargo build --release --bin mock-upstream -q
+  target/release/mock-upstream --listen "$1" --no-record >"$2/mock.log" 2>&1 &
+  MOCK_PID=$!
+}

@@ -18,15 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/common.sh
 [[ $# -gt 0 ]] || { echo "usage: benches/stalls.sh BIN_DIR..." >&2; exit 2; }
-cargo build --release --bin mock-upstream -q
 LOADGEN=$(loadgen_path)
-OUT=${OUT:-target/stalls}
-rm -rf "$OUT"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-bench_config "$OUT"
-target/release/mock-upstream --listen 127.0.0.1:19870 --no-record >"$OUT/mock.log" 2>&1 &
-MOCK_PID=$!
+OUT=$(fresh_bench_dir "${OUT:-target/stalls}")
+start_mock 127.0.0.1:19870 "$OUT"
 PID=
 trap 'kill $MOCK_PID $PID 2>/dev/null || true' EXIT
 EVENTS=syscalls:sys_enter_openat,syscalls:sys_enter_unlink,syscalls:sys_enter_pwrite64,syscalls:sys_enter_fsync
