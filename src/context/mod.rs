@@ -83,7 +83,7 @@ pub struct PipelineInput<'a> {
     /// The spellings of `messages` ([`Spellings`]), parallel to them: what the ids leave out
     /// but the count and the rewrite depend on. Made where the ids are, by a caller that reads
     /// every message anyway; without them (or with ones not parallel to `messages`), the
-    /// pipeline makes them itself when it goes on from an earlier turn's settled start.
+    /// pipeline makes them itself where it needs them.
     pub spellings: Option<&'a Spellings>,
     /// The request's `tools` array as sent upstream (counted into the request's tokens).
     pub tools: Option<&'a Value>,
@@ -256,6 +256,11 @@ pub fn begin<'a>(input: PipelineInput<'a>, counter: &'a TokenCounter) -> Result<
             input.messages.len()
         )));
     }
+    // Spellings not parallel to the messages are no spellings of them: made here instead.
+    let input = PipelineInput {
+        spellings: input.spellings.filter(|s| s.len() == input.messages.len()),
+        ..input
+    };
     let memory = Memory::of(&input, counter);
     let early = begin_at(input, counter, memory)?;
     if early.resumed_from().is_none() || early.resumed_fits() {
@@ -283,7 +288,7 @@ fn begin_at<'a>(
     // One batch: one cache lock for all the messages run over, new text tokenised together.
     let spellings = match &memory {
         Some(m) => Some(&*m.spellings),
-        None => input.spellings.filter(|s| s.len() == input.messages.len()),
+        None => input.spellings,
     };
     let counts = match spellings {
         Some(s) => counter.messages_spelled(

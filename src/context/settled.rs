@@ -220,9 +220,10 @@ impl<'a> Memory<'a> {
             return None;
         }
         let fingerprint = fingerprint(input);
+        // (`begin` has set aside spellings not parallel to the messages.)
         let spellings = match input.spellings {
-            Some(given) if given.len() == ids.len() => Cow::Borrowed(given),
-            _ => Cow::Owned(Spellings::of(input.messages)),
+            Some(given) => Cow::Borrowed(given),
+            None => Cow::Owned(Spellings::of(input.messages)),
         };
         let chain = &spellings.chained;
         let encoding = input.model.encoding;

@@ -115,12 +115,6 @@ impl Messages {
     }
 }
 
-impl From<Vec<Message>> for Messages {
-    fn from(given: Vec<Message>) -> Self {
-        Messages::new(given)
-    }
-}
-
 impl Serialize for Messages {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_seq(self.iter())

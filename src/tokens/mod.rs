@@ -540,9 +540,11 @@ pub struct Spellings {
 
 impl Spellings {
     pub fn of(messages: &[Message]) -> Spellings {
-        let each: Vec<u64> = messages.iter().map(spelling).collect();
-        let chained = chain_spellings(&each);
-        Spellings { each, chained }
+        let mut spellings = Spellings::with_capacity(messages.len());
+        for m in messages {
+            spellings.push(m);
+        }
+        spellings
     }
 
     /// Room for `n` messages' spellings.
@@ -572,24 +574,12 @@ impl Spellings {
     }
 }
 
-/// `spellings` chained, so that the value at `p` fixes the spellings of every message up to
-/// `p`: each spelling that is not 0 is mixed in with its position, and a 0 leaves the value as
-/// it was, so that the many messages without calls cost nothing here (which positions hold a
-/// 0 is part of what the value fixes, since each other position is mixed in). 0 as long as
-/// they are all 0: a conversation without calls keys as it always did.
-fn chain_spellings(spellings: &[u64]) -> Vec<u64> {
-    let mut acc = 0u64;
-    spellings
-        .iter()
-        .enumerate()
-        .map(|(p, &s)| {
-            acc = chain_step(acc, p, s);
-            acc
-        })
-        .collect()
-}
-
-/// The chained value at `p`, from the one before it and the spelling `s` of message `p`.
+/// One step of the spellings' chain: its value at `p`, from the one before it and the spelling
+/// `s` of message `p`. The value at `p` fixes the spellings of every message up to `p`: each
+/// spelling that is not 0 is mixed in with its position, and a 0 leaves the value as it was, so
+/// that the many messages without calls cost nothing here (which positions hold a 0 is part of
+/// what the value fixes, since each other position is mixed in). 0 as long as they are all 0: a
+/// conversation without calls keys as it always did.
 #[inline]
 fn chain_step(before: u64, p: usize, s: u64) -> u64 {
     if s == 0 {
